@@ -1,0 +1,3 @@
+from inference.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""The one way draftgen asks an SGLang server for a chat completion.
+
+Every sampling field is sent explicitly (SGLang fills omitted ones from the model's
+generation_config). The openai client does no retrying of its own: the caller owns the single
+retry layer for this hop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+
+from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.records import Message, SamplingSettings, Usage
+
+DEFAULT_REQUEST_TIMEOUT_S = 1200.0  # a 32k-token thinking trace at ~40 tokens/s per request fits
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+PLACEHOLDER_API_KEY = "EMPTY"  # the openai client insists on a key; SGLang without --api-key ignores it
+RETRYABLE_CLIENT_STATUSES = frozenset({408, 409, 429})  # timeouts and throttling: not the request's fault
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    server_url: str  # http://host:port, without /v1
+    api_key: str | None = None
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    max_connections: int = 256
+
+    def __repr__(self) -> str:
+        key = "***" if self.api_key else None
+        return (
+            f"ClientSettings(server_url={self.server_url!r}, api_key={key!r}, "
+            f"request_timeout_s={self.request_timeout_s}, connect_timeout_s={self.connect_timeout_s})"
+        )
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    content: str
+    reasoning_content: str | None
+    finish_reason: str
+    usage: Usage
+    spec_accept_length: float | None
+    started_at: float
+    finished_at: float
+
+
+def build_request(messages: list[Message], sampling: SamplingSettings, rid: str) -> dict[str, Any]:
+    """The keyword arguments of `chat.completions.create`, SGLang extras in `extra_body`."""
+    request: dict[str, Any] = {
+        "model": sampling.model,
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "max_completion_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "extra_body": {
+            "top_k": sampling.top_k,
+            "min_p": sampling.min_p,
+            "chat_template_kwargs": {"enable_thinking": sampling.enable_thinking},
+            "separate_reasoning": True,
+            "rid": rid,
+            "return_spec_tokens_details": True,
+        },
+    }
+    if sampling.seed is not None:
+        request["seed"] = sampling.seed
+    return request
+
+
+def error_message(error: openai.APIStatusError) -> str:
+    """SGLang's error text: its bodies are `{"object":"error","message":…}` or `{"error":…}`."""
+    body = error.body
+    if isinstance(body, dict):
+        nested = body.get("error")
+        if isinstance(nested, dict) and "message" in nested:
+            return str(nested["message"])
+        if "message" in body:
+            return str(body["message"])
+        if isinstance(nested, str):
+            return nested
+    return str(error.message)
+
+
+def _extra(model: Any, name: str) -> Any:
+    extras = getattr(model, "model_extra", None) or {}
+    return extras.get(name, getattr(model, name, None))
+
+
+def _spec_accept_length(response: Any) -> float | None:
+    details = (_extra(response, "sglext") or {}).get("spec_tokens_details")
+    if isinstance(details, list):
+        details = details[0] if details else None
+    if isinstance(details, dict) and details.get("spec_accept_length") is not None:
+        return float(details["spec_accept_length"])
+    return None
+
+
+def _usage(response: Any) -> Usage:
+    usage = response.usage
+    reasoning = _extra(usage, "reasoning_tokens")
+    if reasoning is None and usage.completion_tokens_details is not None:
+        reasoning = usage.completion_tokens_details.reasoning_tokens
+    return Usage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        reasoning_tokens=int(reasoning or 0),
+    )
+
+
+class SGLangClient:
+    """An async client for one server. One instance per worker process, shared by all batches."""
+
+    def __init__(self, settings: ClientSettings, *, http_client: httpx.AsyncClient | None = None) -> None:
+        self.settings = settings
+        timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
+        limits = httpx.Limits(
+            max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
+        )
+        self._openai = openai.AsyncOpenAI(
+            base_url=settings.server_url.rstrip("/") + "/v1",
+            api_key=settings.api_key or PLACEHOLDER_API_KEY,
+            max_retries=0,
+            timeout=timeout,
+            http_client=http_client or httpx.AsyncClient(timeout=timeout, limits=limits),
+        )
+
+    async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult:
+        started_at = time.time()
+        try:
+            response = await self._openai.chat.completions.create(**build_request(messages, sampling, rid))
+        except openai.APIStatusError as error:
+            status = error.status_code
+            text = f"HTTP {status}: {error_message(error)}"
+            if status >= httpx.codes.INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES:
+                raise InferenceUnavailable(text, status=status) from error
+            raise InferenceRejected(text, status=status) from error
+        except (openai.APIConnectionError, httpx.TransportError) as error:
+            raise InferenceUnavailable(f"no answer from {self.settings.server_url}: {error!r}") from error
+        if not response.choices:
+            raise InferenceUnavailable("the server answered without a choice", status=httpx.codes.OK)
+        choice = response.choices[0]
+        return ChatResult(
+            content=choice.message.content or "",
+            reasoning_content=_extra(choice.message, "reasoning_content"),
+            finish_reason=str(choice.finish_reason),
+            usage=_usage(response),
+            spec_accept_length=_spec_accept_length(response),
+            started_at=started_at,
+            finished_at=time.time(),
+        )
+
+    async def close(self) -> None:
+        await self._openai.close()

@@ -1,0 +1,96 @@
+"""The records every package shares: prompts, batches, completions, dead letters.
+
+Wire records never forbid unknown fields, so a newer producer can talk to an older worker.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every record: frozen, keyword-only."""
+
+
+class Message(Record, frozen=True):
+    role: str
+    content: str
+
+
+class SamplingSettings(Record, frozen=True):
+    """Sent explicitly on every request: SGLang fills omitted fields from generation_config."""
+
+    model: str = "default"
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    max_tokens: int = 32768
+    enable_thinking: bool = True
+    seed: int | None = None
+
+
+class Prompt(Record, frozen=True):
+    id: str
+    messages: list[Message]
+    row: int = 0  # 1-based row number in the source, for error messages
+
+
+class PromptBatch(Record, frozen=True):
+    run: str
+    batch_id: str
+    prompts: list[Prompt]
+
+
+class Quality(enum.StrEnum):
+    OK = "ok"
+    TRUNCATED_IN_THINKING = "truncated_in_thinking"
+    TRUNCATED_IN_ANSWER = "truncated_in_answer"
+    EMPTY_ANSWER = "empty_answer"
+    NO_REASONING = "no_reasoning"
+
+
+class Usage(Record, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+class Timings(Record, frozen=True):
+    started_at: float  # unix seconds
+    finished_at: float
+    latency_s: float
+
+
+class Origin(Record, frozen=True):
+    """Where a completion was generated."""
+
+    host: str
+    gpu: int | None
+    server_url: str
+
+
+class Completion(Record, frozen=True):
+    prompt_id: str
+    messages: list[Message]
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    model: str
+    sampling: SamplingSettings
+    origin: Origin
+    attempt: int
+    quality: Quality
+    spec_accept_length: float | None = None
+
+
+class DeadLetter(Record, frozen=True):
+    prompt_id: str
+    row: int
+    reason: str  # a short stable category, e.g. "rejected_by_server"
+    error: str  # the server's or client's message
+    attempts: int

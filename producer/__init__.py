@@ -1,0 +1,1 @@
+"""The producer side of draftgen: reading datasets into prompts, enqueueing them, status, export."""

@@ -1,0 +1,203 @@
+"""`python -m producer <command>`: enqueue prompts into a run, verify its output, remove orphans."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
+from producer.errors import ProducerError, RunNotFound
+from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S, collect_orphans
+from producer.reading import iter_prompts
+from producer.run_config import read_toml, resolve_run_settings
+from producer.settings import ProducerSettings
+from producer.verify import describe, verify_run
+from workers.keys import RunKeys, check_run_name
+from workers.runs import RunSettings, decode_run_settings
+from workers.storage import open_store
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+HELP_EPILOG = """examples:
+  python -m producer enqueue prompts.jsonl --run qwen-think-v1 --max-tokens 32768 --output s3://bucket/runs
+  python -m producer enqueue s3://bucket/data/train.parquet --run qwen-think-v1   # again: adds only new
+  python -m producer verify --run qwen-think-v1
+  python -m producer gc --run qwen-think-v1 --dry-run
+"""
+
+
+def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("generation settings (pinned at the run's first enqueue)")
+    group.add_argument("--config", type=Path, help="TOML file with these settings (options override it)")
+    group.add_argument("--model", help="model name sent in every request (the server's served name)")
+    group.add_argument("--temperature", type=float)
+    group.add_argument("--top-p", dest="top_p", type=float)
+    group.add_argument("--top-k", dest="top_k", type=int)
+    group.add_argument("--min-p", dest="min_p", type=float)
+    group.add_argument("--max-tokens", dest="max_tokens", type=int, help="budget including thinking")
+    group.add_argument(
+        "--thinking",
+        dest="enable_thinking",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="chat_template_kwargs.enable_thinking (default on)",
+    )
+    group.add_argument(
+        "--seed", type=int, help="recorded; SGLang honours it only with deterministic inference"
+    )
+    group.add_argument("--batch-size", dest="batch_size", type=int, help="prompts per message (default 32)")
+    group.add_argument(
+        "--output", dest="output_url", help="s3://bucket/prefix or a folder (default ./output)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m producer",
+        description=__doc__,
+        epilog=HELP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--redis-url", help="default: $DRAFTGEN_REDIS_URL or redis://127.0.0.1:6379/0")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    enqueue = commands.add_parser("enqueue", help="add a dataset's prompts to a run (only what is new)")
+    enqueue.add_argument("data", help="JSONL/Parquet file or folder, s3://bucket/key, or a datasets folder")
+    enqueue.add_argument("--run", required=True, help="the run's name")
+    _add_sampling_options(enqueue)
+    enqueue.set_defaults(handler=cmd_enqueue)
+
+    verify = commands.add_parser(
+        "verify", help="check every prompt is committed exactly once or dead-lettered"
+    )
+    verify.add_argument("--run", required=True)
+    verify.set_defaults(handler=cmd_verify)
+
+    gc = commands.add_parser("gc", help="remove objects no manifest entry names")
+    gc.add_argument("--run", required=True)
+    gc.add_argument(
+        "--min-age-s",
+        type=float,
+        default=DEFAULT_MIN_ORPHAN_AGE_S,
+        help="leave younger orphans alone: a flush may be mid-commit (default 3600)",
+    )
+    gc.add_argument("--dry-run", action="store_true")
+    gc.set_defaults(handler=cmd_gc)
+    return parser
+
+
+def _redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
+    return redis.Redis.from_url(args.redis_url or settings.redis_url)
+
+
+def _pinned(client: redis.Redis, run: str) -> RunSettings | None:
+    raw = client.get(RunKeys(run).settings)
+    return decode_run_settings(raw) if raw is not None else None
+
+
+def _require_run(client: redis.Redis, run: str) -> RunSettings:
+    pinned = _pinned(client, run)
+    if pinned is None:
+        raise RunNotFound(
+            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
+        )
+    return pinned
+
+
+def _print_enqueue_report(report: EnqueueReport) -> None:
+    print(f"new                 {report.new} prompts in {report.batches} batches")
+    print(f"already there       {report.already_there}")
+    print(f"duplicate ids       {report.duplicates_in_input} (in the input; kept the first)")
+    print(f"rejected rows       {report.rejected_count}")
+    for rejected in report.rejected:
+        print(f"  {rejected.describe()}")
+    if report.rejected_count > len(report.rejected):
+        print(f"  … {report.rejected_count - len(report.rejected)} more (all are kept in Redis for `status`)")
+    if report.republished_batches:
+        print(f"republished         {report.republished_batches} batches a previous enqueue left unpublished")
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    from workers.app import GENERATE_TASK, app  # the Celery app only where messages are sent
+
+    run = check_run_name(args.run)
+    client = _redis(args, settings)
+    options: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in (
+            "model",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "max_tokens",
+            "enable_thinking",
+            "seed",
+            "batch_size",
+            "output_url",
+        )
+    }
+    file_values = read_toml(args.config) if args.config else {}
+    given = resolve_run_settings(
+        run,
+        pinned=_pinned(client, run),
+        file_values=file_values,
+        option_values=options,
+        default_output=settings.default_output,
+    )
+    items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
+    pinned = pin_settings(client, given)
+
+    def publish(run_name: str, batch_id: str) -> None:
+        app.send_task(GENERATE_TASK, args=[run_name, batch_id])
+
+    report = Enqueuer(client, pinned, publish, source=args.data).enqueue(items)
+    print(f"run {run}: output {pinned.output_url}")
+    _print_enqueue_report(report)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = _redis(args, settings)
+    pinned = _require_run(client, check_run_name(args.run))
+    report = verify_run(client, args.run, open_store(pinned.output_url))
+    print(f"run {args.run}: {pinned.output_url}")
+    for line in describe(report):
+        print(line)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = _redis(args, settings)
+    pinned = _require_run(client, check_run_name(args.run))
+    report = collect_orphans(open_store(pinned.output_url), min_age_s=args.min_age_s, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(report.removed)} orphans ({report.bytes_removed} bytes)")
+    for key in report.removed:
+        print(f"  {key}")
+    if report.kept_young:
+        print(
+            f"kept {len(report.kept_young)} orphans younger than {args.min_age_s:.0f} s (maybe mid-commit)"
+        )
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        exit_code: int = args.handler(args, ProducerSettings.from_env())
+    except ProducerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as error:  # an invalid run name
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return exit_code

@@ -1,0 +1,152 @@
+"""Enqueue a stream of prompts into a run: only what is new, batched, compressed, and never lost.
+
+Each chunk is written in one Redis transaction: the new ids join the run's `enqueued` set together
+with the batches that carry them and the outbox entry of each batch. Only then are the batch
+messages published, and each batch leaves the outbox once published. A crash anywhere leaves
+either nothing or batches in the outbox, which the next `enqueue` publishes first.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+
+import msgspec
+import redis
+
+from inference.records import Prompt, PromptBatch
+from producer.errors import SettingsError
+from producer.rows import RejectedRow
+from workers.codec import encode_blob
+from workers.keys import RUNS_KEY, RunKeys
+from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, str], None]  # (run, batch_id): send the batch's message
+BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
+SESSION_TTL_S = 24 * 3600
+MAX_REJECTIONS_SHOWN = 20
+
+
+@dataclass
+class EnqueueReport:
+    new: int = 0
+    already_there: int = 0
+    duplicates_in_input: int = 0
+    rejected: list[RejectedRow] = field(default_factory=list)
+    rejected_count: int = 0
+    batches: int = 0
+    republished_batches: int = 0
+
+
+def pin_settings(client: redis.Redis, settings: RunSettings) -> RunSettings:
+    """Pin the settings at the run's first enqueue; refuse different ones later, showing the difference."""
+    keys = RunKeys(settings.run)
+    client.set(keys.settings, encode_run_settings(settings), nx=True)
+    client.sadd(RUNS_KEY, settings.run)
+    pinned = decode_run_settings(client.get(keys.settings))
+    changed = differences(pinned, settings)
+    if changed:
+        raise SettingsError(
+            f"run {settings.run!r} was started with other settings; refusing to mix them:\n  "
+            + "\n  ".join(changed)
+            + "\nUse the pinned values, or a new --run name."
+        )
+    return pinned
+
+
+def republish_outbox(client: redis.Redis, run: str, publish: Publish) -> int:
+    """Publish batches a crashed enqueue stored but may not have published (duplicates are harmless)."""
+    keys = RunKeys(run)
+    batch_ids = [raw.decode() for raw in client.smembers(keys.unpublished)]
+    for batch_id in batch_ids:
+        if client.exists(keys.batch(batch_id)):
+            publish(run, batch_id)
+        client.srem(keys.unpublished, batch_id)
+    return len(batch_ids)
+
+
+def _chunks(items: Iterable[Prompt | RejectedRow], size: int) -> Iterator[list[Prompt | RejectedRow]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+class Enqueuer:
+    def __init__(self, client: redis.Redis, settings: RunSettings, publish: Publish, *, source: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.publish = publish
+        self.source = source
+        self.keys = RunKeys(settings.run)
+        self.session_key = self.keys.enqueue_session(uuid.uuid4().hex)
+
+    def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
+        report = EnqueueReport()
+        report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
+        try:
+            for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                self._enqueue_chunk(chunk, report)
+        finally:
+            self.client.delete(self.session_key)
+        return report
+
+    def _enqueue_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> None:
+        prompts = [item for item in chunk if isinstance(item, Prompt)]
+        self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], report)
+        new = self._new_prompts(prompts, report)
+        if not new:
+            return
+        size = self.settings.batch_size
+        batches = [
+            PromptBatch(
+                run=self.settings.run, batch_id=uuid.uuid4().hex[:16], prompts=new[start : start + size]
+            )
+            for start in range(0, len(new), size)
+        ]
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.sadd(self.keys.enqueued, *(p.id for p in new))
+            pipe.sadd(self.session_key, *(p.id for p in new))
+            pipe.expire(self.session_key, SESSION_TTL_S)
+            for batch in batches:
+                pipe.set(self.keys.batch(batch.batch_id), encode_blob(batch))
+            pipe.sadd(self.keys.unpublished, *(b.batch_id for b in batches))
+            pipe.execute()
+        for batch in batches:
+            self.publish(self.settings.run, batch.batch_id)
+        self.client.srem(self.keys.unpublished, *(b.batch_id for b in batches))
+        report.new += len(new)
+        report.batches += len(batches)
+
+    def _new_prompts(self, prompts: list[Prompt], report: EnqueueReport) -> list[Prompt]:
+        if not prompts:
+            return []
+        ids = [p.id for p in prompts]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.smismember(self.keys.enqueued, ids)
+            pipe.smismember(self.session_key, ids)
+            in_run, in_session = pipe.execute()
+        new: list[Prompt] = []
+        seen_in_chunk: set[str] = set()
+        for prompt, known, from_this_input in zip(prompts, in_run, in_session, strict=True):
+            if from_this_input or prompt.id in seen_in_chunk:
+                report.duplicates_in_input += 1
+            elif known:
+                report.already_there += 1
+            else:
+                seen_in_chunk.add(prompt.id)
+                new.append(prompt)
+        return new
+
+    def _record_rejections(self, rejected: list[RejectedRow], report: EnqueueReport) -> None:
+        if not rejected:
+            return
+        mapping = {f"{self.source}|{r.file}|{r.row}": msgspec.json.encode(r) for r in rejected}
+        self.client.hset(self.keys.rejected, mapping=mapping)
+        report.rejected_count += len(rejected)
+        room = MAX_REJECTIONS_SHOWN - len(report.rejected)
+        report.rejected.extend(rejected[: max(room, 0)])

@@ -1,0 +1,45 @@
+"""The producer's input: DATA in, a stream of prompts and rejected rows out, with flat memory.
+
+    for item in iter_prompts("s3://bucket/train.jsonl.zst"):
+        if isinstance(item, RejectedRow): print(item.describe())
+        else: enqueue(item)
+
+Every row of the source yields exactly one item, in source order: a `Prompt` or a `RejectedRow`
+(row number and reason). Only a source that cannot be read at all raises `SourceError`; a missing
+file or object, an unknown file type or a Parquet file without a usable column raises at the call,
+before any row is read. Close the generator to release the file or connection early. Duplicate
+ids are passed through: counting them is the enqueuer's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+
+from inference.records import Prompt
+from producer.rows import FORMAT_FIELDS, ROW_FIELDS, RejectedRow, parse_row
+from producer.sources import (
+    ColumnSelection,
+    S3ClientFactory,
+    SourceRow,
+    UnreadableRow,
+    default_s3_client,
+    open_rows,
+)
+
+PROMPT_COLUMNS = ColumnSelection(wanted=ROW_FIELDS, need_one_of=FORMAT_FIELDS)
+
+
+def iter_prompts(
+    data: str, *, s3_client_factory: S3ClientFactory = default_s3_client
+) -> Generator[Prompt | RejectedRow, None, None]:
+    """Open DATA now (raising SourceError if it is unusable) and stream its rows as prompts."""
+    return prompts_of(open_rows(data, columns=PROMPT_COLUMNS, s3_client_factory=s3_client_factory))
+
+
+def prompts_of(rows: Iterator[SourceRow]) -> Generator[Prompt | RejectedRow, None, None]:
+    """One prompt or rejection per source row."""
+    for source_row in rows:
+        if isinstance(source_row.value, UnreadableRow):
+            yield RejectedRow(row=source_row.row, reason=source_row.value.reason, file=source_row.file)
+        else:
+            yield parse_row(source_row.value, row=source_row.row, file=source_row.file)

@@ -1,0 +1,225 @@
+"""One raw dataset row in, one `Prompt` or one `RejectedRow` out. Never raises for bad data.
+
+Row formats, tried in this order; the first field that is present and not null decides:
+- `messages` (OpenAI): a list of {role, content}. content is a string or a list of content parts;
+  text parts are joined with nothing between them (as Qwen-style chat templates render a part
+  list); any other part type (image_url, input_audio...) is rejected. Roles: system, user,
+  assistant, and `developer`, OpenAI's newer name for the system role, which becomes `system`
+  because chat templates of open models do not know it. tool/function turns are rejected.
+- `conversations` (ShareGPT): a list of {from, value}; from is human/user -> user,
+  gpt/assistant/chatgpt/bing -> assistant, system -> system.
+- `prompt`: a non-empty string, becoming one user turn.
+A row may also carry a `system` string (LLaMA-Factory's ShareGPT layout does): when non-empty it
+becomes the first turn, unless the conversation already starts with that same system turn; a
+different system turn in both places is a rejection rather than a guess.
+
+The model generates the NEXT assistant turn, so trailing assistant turns are dropped and what is
+left must end with a user turn. Every user turn must hold a non-whitespace character; contents
+are otherwise kept exactly as written (see prompt_ids.py for why nothing is stripped).
+
+A rejection reason reads "<field path>: <problem>", e.g. "messages[2].content: must be a string
+or a list of content parts, got int".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from inference.records import Message, Prompt, Record
+from producer.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
+
+SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
+
+MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD, SYSTEM_FIELD = (
+    "messages",
+    "conversations",
+    "prompt",
+    "system",
+)
+FORMAT_FIELDS = (MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD)
+ROW_FIELDS = (*FORMAT_FIELDS, SYSTEM_FIELD, *ID_FIELDS)  # every field a row is read from
+NO_FORMAT_FIELD = "no messages, conversations or prompt field"
+
+OPENAI_ROLES = {SYSTEM: SYSTEM, "developer": SYSTEM, USER: USER, ASSISTANT: ASSISTANT}
+SHAREGPT_ROLES = {
+    SYSTEM: SYSTEM,
+    "human": USER,
+    USER: USER,
+    "gpt": ASSISTANT,
+    ASSISTANT: ASSISTANT,
+    "chatgpt": ASSISTANT,
+    "bing": ASSISTANT,
+}
+TOOL_ROLES = frozenset({"tool", "function", "ipython", "function_call", "observation"})
+TEXT_PART_TYPE = "text"
+CONTENT_PATHS = {
+    MESSAGES_FIELD: MESSAGES_FIELD + "[{index}].content",
+    CONVERSATIONS_FIELD: CONVERSATIONS_FIELD + "[{index}].value",
+    PROMPT_FIELD: PROMPT_FIELD,
+}
+
+
+class RejectedRow(Record, frozen=True, kw_only=True):
+    """A row that cannot become a prompt, with where it is and why.
+
+    `row` is the physical line number in a JSONL file (blank lines are skipped but still counted,
+    so an editor opens the file at the right line) or the 1-based row index in a Parquet or Arrow
+    file. `file` names the file inside a folder or S3 prefix; it is empty for a one-file source.
+    """
+
+    row: int
+    reason: str
+    file: str = ""
+
+    def describe(self) -> str:
+        where = f"{self.file}:{self.row}" if self.file else f"row {self.row}"
+        return f"{where}: {self.reason}"
+
+
+class _Rejection(Exception):
+    """Internal: carries a rejection reason out of the nested checks."""
+
+
+def parse_row(raw: object, *, row: int, file: str = "") -> Prompt | RejectedRow:
+    """Turn one decoded row into a prompt, or say by row number why it cannot be one."""
+    try:
+        if not isinstance(raw, dict):
+            raise _Rejection(f"row: must be a JSON object, got {_type_name(raw)}")
+        messages = _normalised_messages(raw)
+        prompt_id = explicit_id(raw) or hashed_id(messages)
+    except (_Rejection, InvalidId) as rejection:
+        return RejectedRow(row=row, reason=str(rejection), file=file)
+    return Prompt(id=prompt_id, messages=messages, row=row)
+
+
+def _normalised_messages(row: Mapping[str, object]) -> list[Message]:
+    if row.get(MESSAGES_FIELD) is not None:
+        turns = _openai_turns(row[MESSAGES_FIELD])
+        field = MESSAGES_FIELD
+    elif row.get(CONVERSATIONS_FIELD) is not None:
+        turns = _sharegpt_turns(row[CONVERSATIONS_FIELD])
+        field = CONVERSATIONS_FIELD
+    elif row.get(PROMPT_FIELD) is not None:
+        turns = [_prompt_turn(row[PROMPT_FIELD])]
+        field = PROMPT_FIELD
+    else:
+        raise _Rejection(NO_FORMAT_FIELD)
+    return _with_system_field(_up_to_last_user_turn(turns, field), row.get(SYSTEM_FIELD))
+
+
+def _openai_turns(value: object) -> list[Message]:
+    turns = _turn_list(value, MESSAGES_FIELD)
+    return [
+        Message(
+            role=_mapped_role(_required(turn, "role", path), OPENAI_ROLES, f"{path}.role"),
+            content=_content_text(_required(turn, "content", path), f"{path}.content"),
+        )
+        for path, turn in turns
+    ]
+
+
+def _sharegpt_turns(value: object) -> list[Message]:
+    turns = _turn_list(value, CONVERSATIONS_FIELD)
+    return [
+        Message(
+            role=_mapped_role(_required(turn, "from", path), SHAREGPT_ROLES, f"{path}.from"),
+            content=_string(_required(turn, "value", path), f"{path}.value"),
+        )
+        for path, turn in turns
+    ]
+
+
+def _prompt_turn(value: object) -> Message:
+    return Message(role=USER, content=_string(value, PROMPT_FIELD))
+
+
+def _turn_list(value: object, field: str) -> list[tuple[str, Mapping[str, object]]]:
+    if not isinstance(value, list):
+        raise _Rejection(f"{field}: must be a list of turns, got {_type_name(value)}")
+    if not value:
+        raise _Rejection(f"{field}: is empty")
+    turns: list[tuple[str, Mapping[str, object]]] = []
+    for index, turn in enumerate(value):
+        path = f"{field}[{index}]"
+        if not isinstance(turn, dict):
+            raise _Rejection(f"{path}: must be an object, got {_type_name(turn)}")
+        turns.append((path, turn))
+    return turns
+
+
+def _required(turn: Mapping[str, object], key: str, path: str) -> object:
+    if key not in turn:
+        raise _Rejection(f"{path}.{key}: is missing")
+    value = turn[key]
+    if value is None:
+        raise _Rejection(f"{path}.{key}: is null")
+    return value
+
+
+def _mapped_role(value: object, roles: Mapping[str, str], path: str) -> str:
+    role = _string(value, path)
+    if role in roles:
+        return roles[role]
+    if role in TOOL_ROLES:
+        raise _Rejection(f"{path}: is {role!r}; tool turns are not supported")
+    raise _Rejection(f"{path}: {role!r} is not one of {', '.join(roles)}")
+
+
+def _content_text(value: object, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _Rejection(f"{path}: must be a string or a list of content parts, got {_type_name(value)}")
+    texts = []
+    for index, part in enumerate(value):
+        part_path = f"{path}[{index}]"
+        if not isinstance(part, dict):
+            raise _Rejection(f"{part_path}: must be a content part object, got {_type_name(part)}")
+        part_type = part.get("type")
+        if part_type != TEXT_PART_TYPE:
+            raise _Rejection(f"{part_path}: is a {part_type!r} part; only text parts are supported")
+        texts.append(_string(part.get("text"), f"{part_path}.text"))
+    return "".join(texts)
+
+
+def _string(value: object, path: str) -> str:
+    if not isinstance(value, str):
+        raise _Rejection(f"{path}: must be a string, got {_type_name(value)}")
+    return value
+
+
+def _with_system_field(turns: list[Message], system: object) -> list[Message]:
+    if system is None:
+        return turns
+    text = _string(system, SYSTEM_FIELD)
+    if not text:
+        return turns
+    system_turn = Message(role=SYSTEM, content=text)
+    if turns[0].role != SYSTEM:
+        return [system_turn, *turns]
+    if turns[0] != system_turn:
+        raise _Rejection(f"{SYSTEM_FIELD}: differs from the conversation's own system turn")
+    return turns
+
+
+def _up_to_last_user_turn(turns: Sequence[Message], field: str) -> list[Message]:
+    """Drop the trailing assistant turns (the model writes the next one) and check what is left."""
+    user_indexes = [index for index, turn in enumerate(turns) if turn.role == USER]
+    if not user_indexes:
+        raise _Rejection(f"{field}: has no user turn")
+    for index in user_indexes:
+        if not turns[index].content.strip():
+            where = CONTENT_PATHS[field].format(index=index)
+            raise _Rejection(f"{where}: is empty")
+    kept = list(turns)
+    while kept[-1].role == ASSISTANT:
+        kept.pop()
+    if kept[-1].role != USER:
+        raise _Rejection(
+            f"{field}: ends with a {kept[-1].role} turn; the turn before the reply must be a user turn"
+        )
+    return kept
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__

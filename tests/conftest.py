@@ -1,0 +1,81 @@
+"""Fixtures shared by the integration tier: a real redis-server, a real S3 endpoint over HTTP."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+import redis
+from moto.server import ThreadedMotoServer
+
+from producer.local_stack import ManagedProcess, free_port, start_redis
+
+TEST_BUCKET = "draftgen-test"
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server with the shipped config (AOF, noeviction), on a free port."""
+    root = tmp_path_factory.mktemp("redis")
+    process: ManagedProcess = start_redis(free_port(), root / "data", root)
+    port = process.argv[process.argv.index("--port") + 1]
+    yield f"redis://127.0.0.1:{port}/0"
+    process.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """The session's Redis, emptied before and after the test."""
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    yield redis_server
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server over real HTTP; its URL is also exported as AWS_ENDPOINT_URL for child processes."""
+    for name, value in FAKE_AWS_ENV.items():
+        os.environ.setdefault(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    os.environ["AWS_ENDPOINT_URL"] = url
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> Iterator[str]:
+    """A fresh, empty bucket; returns its name."""
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=TEST_BUCKET)
+    yield TEST_BUCKET
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=TEST_BUCKET):
+        for item in page.get("Contents", []):
+            s3.delete_object(Bucket=TEST_BUCKET, Key=item["Key"])
+    s3.delete_bucket(Bucket=TEST_BUCKET)
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "logs"
+    path.mkdir()
+    return path

@@ -1,0 +1,145 @@
+"""Enqueueing against a real Redis: only what is new, counted, and never lost between store and publish."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+
+from inference.records import PromptBatch, SamplingSettings
+from producer.enqueue import Enqueuer, pin_settings
+from producer.errors import SettingsError
+from producer.reading import iter_prompts
+from workers.codec import decode_blob
+from workers.keys import RunKeys
+from workers.runs import RunSettings
+
+pytestmark = pytest.mark.integration
+RUN = "enqueue-test"
+
+
+class RecordingPublisher:
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.published: list[str] = []
+        self.fail_after = fail_after
+
+    def __call__(self, run: str, batch_id: str) -> None:
+        if self.fail_after is not None and len(self.published) >= self.fail_after:
+            raise ConnectionError("broker went away")
+        self.published.append(batch_id)
+
+
+def settings(batch_size: int = 4, **sampling: object) -> RunSettings:
+    return RunSettings(
+        run=RUN, sampling=SamplingSettings(**sampling), output_url="file:///tmp/out", batch_size=batch_size
+    )  # type: ignore[arg-type]
+
+
+def write_jsonl(path: Path, rows: list[object]) -> str:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def rows(count: int, start: int = 0) -> list[object]:
+    return [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(start, start + count)]
+
+
+def prompts_in_batches(client: redis.Redis, batch_ids: list[str]) -> list[str]:
+    keys = RunKeys(RUN)
+    return [p.id for b in batch_ids for p in decode_blob(client.get(keys.batch(b)), PromptBatch).prompts]
+
+
+def test_every_prompt_lands_in_exactly_one_published_batch(redis_client: redis.Redis, tmp_path: Path) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", rows(10))
+    publisher = RecordingPublisher()
+    report = Enqueuer(redis_client, pin_settings(redis_client, settings()), publisher, source=data).enqueue(
+        iter_prompts(data)
+    )
+    assert (report.new, report.batches) == (10, 3)
+    assert sorted(prompts_in_batches(redis_client, publisher.published)) == sorted(f"q{i}" for i in range(10))
+
+
+def test_re_running_adds_only_what_is_new(redis_client: redis.Redis, tmp_path: Path) -> None:
+    pinned = pin_settings(redis_client, settings())
+    first = write_jsonl(tmp_path / "a.jsonl", rows(6))
+    Enqueuer(redis_client, pinned, RecordingPublisher(), source=first).enqueue(iter_prompts(first))
+    grown = write_jsonl(tmp_path / "b.jsonl", rows(9))
+    publisher = RecordingPublisher()
+    report = Enqueuer(redis_client, pinned, publisher, source=grown).enqueue(iter_prompts(grown))
+    assert (report.new, report.already_there) == (3, 6)
+    assert sorted(prompts_in_batches(redis_client, publisher.published)) == ["q6", "q7", "q8"]
+
+
+def test_duplicate_ids_in_the_input_are_counted_and_enqueued_once(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    data = write_jsonl(tmp_path / "d.jsonl", [*rows(3), *rows(2), {"id": "q0", "prompt": "other"}])
+    publisher = RecordingPublisher()
+    report = Enqueuer(
+        redis_client, pin_settings(redis_client, settings(batch_size=1)), publisher, source=data
+    ).enqueue(iter_prompts(data))
+    assert (report.new, report.duplicates_in_input, report.already_there) == (3, 3, 0)
+
+
+def test_bad_rows_are_reported_by_row_number_and_the_rest_enqueued(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    data = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            rows(1)[0],
+            "{broken json",
+            {"id": "x"},
+            {"id": "y", "prompt": ""},
+            {"id": "z", "messages": "hi"},
+            *rows(1, 1),
+        ],
+    )
+    report = Enqueuer(
+        redis_client, pin_settings(redis_client, settings()), RecordingPublisher(), source=data
+    ).enqueue(iter_prompts(data))
+    assert report.new == 2
+    assert [r.row for r in report.rejected] == [2, 3, 4, 5]
+    assert all(r.reason for r in report.rejected)
+    assert redis_client.hlen(RunKeys(RUN).rejected) == 4
+
+
+def test_a_crash_between_storing_and_publishing_is_repaired_by_the_next_enqueue(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given an enqueue whose broker connection died after 1 of 3 batches was published
+    data = write_jsonl(tmp_path / "d.jsonl", rows(12))
+    pinned = pin_settings(redis_client, settings())
+    crashed = RecordingPublisher(fail_after=1)
+    with pytest.raises(ConnectionError):
+        Enqueuer(redis_client, pinned, crashed, source=data).enqueue(iter_prompts(data))
+    # When enqueue is run again
+    publisher = RecordingPublisher()
+    report = Enqueuer(redis_client, pinned, publisher, source=data).enqueue(iter_prompts(data))
+    # Then the unpublished batches are published, and every prompt is in some published batch
+    assert report.new == 0 and report.already_there == 12
+    published = set(crashed.published) | set(publisher.published)
+    assert sorted(prompts_in_batches(redis_client, sorted(published))) == sorted(f"q{i}" for i in range(12))
+
+
+def test_different_settings_for_an_existing_run_are_refused_with_the_difference(
+    redis_client: redis.Redis,
+) -> None:
+    pin_settings(redis_client, settings(max_tokens=512))
+    with pytest.raises(SettingsError, match=r"sampling\.max_tokens: pinned 512, given 32768"):
+        pin_settings(redis_client, settings(max_tokens=32768))
+
+
+def test_queued_batches_are_compressed_below_their_raw_size(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    text = "Explain, step by step, why the sky appears blue during the day and red at sunset. " * 10
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": f"q{i}", "prompt": text} for i in range(64)])
+    publisher = RecordingPublisher()
+    Enqueuer(
+        redis_client, pin_settings(redis_client, settings(batch_size=32)), publisher, source=data
+    ).enqueue(iter_prompts(data))
+    stored = sum(redis_client.memory_usage(RunKeys(RUN).batch(b)) or 0 for b in publisher.published)
+    assert stored < len(text) * 64

@@ -1,0 +1,212 @@
+"""The whole pipeline as real processes: redis-server, simulated GPUs over HTTP, Celery workers, uploader.
+
+Each test reads like what a user does: enqueue a dataset, let it run, verify the output.
+"""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from inference.records import Quality
+from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
+from tests.support import datasets
+from tests.support.stack import Stack, simulators
+from workers.keys import RunKeys
+from workers.ledger import RunLedger
+from workers.manifest import read_manifest
+from workers.runs import decode_run_settings
+from workers.storage import open_store
+
+pytestmark = pytest.mark.integration
+
+SPEEDUP = 400.0
+CONTEXT_LENGTH = 40_000
+PROMPTS_PER_FORMAT = 200
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    redis_url = redis_server.rsplit("/", 1)[0] + "/1"
+    redis.Redis.from_url(redis_url).flushdb()
+    sims = simulators(2, speedup=SPEEDUP, context_length=CONTEXT_LENGTH, request_log_size=20_000)
+    running = Stack(redis_url, tmp_path_factory.mktemp("logs"), sims).start()
+    yield running
+    running.stop()
+    for sim in sims:
+        sim.stop()
+
+
+def committed_rows(stack: Stack, run: str) -> list[dict[str, object]]:
+    settings = decode_run_settings(redis.Redis.from_url(stack.redis_url).get(RunKeys(run).settings))
+    store = open_store(settings.output_url)
+    rows: list[dict[str, object]] = []
+    for entry in read_manifest(store):
+        rows.extend(pq.read_table(io.BytesIO(store.get(entry.key))).to_pylist())
+    return rows
+
+
+def generations_per_prompt(sims: list[SimulatorProcess], run: str) -> Counter[str]:
+    """Requests each prompt got answered with (status ok), counted at the servers by rid."""
+    counts: Counter[str] = Counter()
+    for sim in sims:
+        for record in sim.admin.requests():
+            if record.status == "ok" and record.rid.startswith(run + ":"):
+                counts[record.rid.split(":")[1]] += 1
+    return counts
+
+
+FORMATS = {
+    "messages-jsonl": lambda tmp, rows: datasets.write_jsonl(
+        tmp / "d.jsonl", [datasets.as_messages(r) for r in rows]
+    ),
+    "prompt-jsonl": lambda tmp, rows: datasets.write_jsonl(
+        tmp / "d.jsonl", [datasets.as_prompt(r) for r in rows]
+    ),
+    "sharegpt-jsonl": lambda tmp, rows: datasets.write_jsonl(
+        tmp / "d.jsonl", [datasets.as_sharegpt(r) for r in rows]
+    ),
+    "parquet": lambda tmp, rows: datasets.write_parquet(
+        tmp / "d.parquet", [datasets.as_messages(r) for r in rows]
+    ),
+    "hf-folder": lambda tmp, rows: datasets.write_hf_folder(
+        tmp / "hf", [datasets.as_prompt(r) for r in rows]
+    ),
+}
+
+
+@pytest.mark.parametrize("input_format", list(FORMATS))
+def test_a_few_hundred_prompts_run_end_to_end_in_each_format(
+    stack: Stack, tmp_path: Path, input_format: str
+) -> None:
+    # Given a dataset of 200 prompts in this format
+    data = FORMATS[input_format](tmp_path, datasets.questions(PROMPTS_PER_FORMAT, input_format))
+    run = f"e2e-{input_format}"
+    # When it is enqueued and the workers finish
+    output = stack.enqueue(data, run, "--output", str(tmp_path / "out"))
+    assert f"new                 {PROMPTS_PER_FORMAT} prompts" in output
+    stack.wait_finished(run)
+    # Then verify passes, every prompt has one record with reasoning and an answer, from both GPUs
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = committed_rows(stack, run)
+    assert len(rows) == PROMPTS_PER_FORMAT
+    assert {row["prompt_id"] for row in rows} == {f"{input_format}-{i}" for i in range(PROMPTS_PER_FORMAT)}
+    assert all(row["reasoning_content"] and row["content"] for row in rows)
+    assert {row["origin"]["gpu"] for row in rows} == {0, 1}  # type: ignore[index]
+
+
+def test_the_configured_sampling_fields_arrive_at_the_server(stack: Stack, tmp_path: Path) -> None:
+    data = datasets.write_jsonl(
+        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(20, "sampling")]
+    )
+    run = "e2e-sampling"
+    stack.enqueue(
+        data,
+        run,
+        "--output",
+        str(tmp_path / "out"),
+        "--temperature",
+        "0.7",
+        "--top-p",
+        "0.8",
+        "--top-k",
+        "40",
+        "--min-p",
+        "0.05",
+        "--max-tokens",
+        "20000",
+        "--model",
+        "qwen-test",
+        "--seed",
+        "7",
+    )
+    stack.wait_finished(run)
+    received = [r for sim in stack.sims for r in sim.admin.requests() if r.rid.startswith(run + ":")]
+    assert len(received) == 20
+    for request in received:
+        assert request.max_completion_tokens == 20000
+        assert request.sampling["temperature"] == 0.7
+        assert request.sampling["top_p"] == 0.8
+        assert request.sampling["top_k"] == 40
+        assert request.sampling["min_p"] == 0.05
+        assert request.sampling["seed"] == 7
+        assert request.sampling["chat_template_kwargs"] == {"enable_thinking": True}
+    assert {row["model"] for row in committed_rows(stack, run)} == {"qwen-test"}
+
+
+def test_quality_labels_match_each_truncation_case(stack: Stack, tmp_path: Path) -> None:
+    # Given prompts whose outcome under a 3000-token budget the simulator's model predicts
+    budget = 3000
+    sim_settings = SimulatorSettings(context_length=CONTEXT_LENGTH)
+    rows = datasets.questions(120, "quality")
+    expected: dict[str, Quality] = {}
+    for row in rows:
+        outcome = predict_outcome(sim_settings, [{"role": "user", "content": row["question"]}], budget)
+        if outcome.finish_reason == "length" and outcome.content_empty:
+            expected[str(row["id"])] = Quality.TRUNCATED_IN_THINKING
+        elif outcome.finish_reason == "length":
+            expected[str(row["id"])] = Quality.TRUNCATED_IN_ANSWER
+        else:
+            expected[str(row["id"])] = Quality.OK
+    assert set(expected.values()) == set(Quality) - {Quality.EMPTY_ANSWER, Quality.NO_REASONING}
+    data = datasets.write_jsonl(tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in rows])
+    # When they run
+    run = "e2e-quality"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--max-tokens", str(budget))
+    stack.wait_finished(run)
+    # Then each record carries the label its outcome deserves
+    labels = {str(row["prompt_id"]): Quality(row["quality"]) for row in committed_rows(stack, run)}
+    assert labels == expected
+
+
+def test_enqueue_re_run_mid_run_and_after_the_end_duplicates_nothing(stack: Stack, tmp_path: Path) -> None:
+    data = datasets.write_jsonl(
+        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(150, "rerun")]
+    )
+    run = "e2e-rerun"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"))
+    mid_run = stack.enqueue(data, run)
+    assert "new                 0 prompts" in mid_run
+    stack.wait_finished(run)
+    after = stack.enqueue(data, run)
+    assert "already there       150" in after
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    assert set(generations_per_prompt(stack.sims, run).values()) == {1}
+
+
+def test_bad_rows_are_reported_and_every_other_row_completes(stack: Stack, tmp_path: Path) -> None:
+    too_long = "word " * (CONTEXT_LENGTH + 10)
+    assert count_prompt_tokens([{"role": "user", "content": too_long}]) > CONTEXT_LENGTH
+    good = [datasets.as_prompt(r) for r in datasets.questions(30, "bad")]
+    rows: list[object] = [
+        *good[:10],
+        '{"id": "broken", "prompt": ',
+        {"id": "no-messages"},
+        {"id": "wrong-type", "messages": [{"role": "user", "content": 42}]},
+        {"id": "empty", "prompt": "   "},
+        {"id": "too-long", "prompt": too_long},
+        *good[10:],
+    ]
+    data = datasets.write_jsonl(tmp_path / "d.jsonl", rows)
+    run = "e2e-bad-rows"
+    output = stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--max-tokens", "4096")
+    # The four malformed rows are refused at enqueue, by line number and reason
+    assert "rejected rows       4" in output
+    for line_number in (11, 12, 13, 14):
+        assert f"row {line_number}: " in output
+    stack.wait_finished(run)
+    # The over-long prompt is dead-lettered with the server's reason; everything else is committed
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    assert "committed         30" in result.stdout and "dead-lettered     1" in result.stdout
+    (letter,) = RunLedger(redis.Redis.from_url(stack.redis_url), run).dead_letters()
+    assert (letter.prompt_id, letter.row, letter.reason) == ("too-long", 15, "rejected_by_server")
+    assert "longer than the model's context length" in letter.error

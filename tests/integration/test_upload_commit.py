@@ -1,0 +1,178 @@
+"""The uploader against a real Redis and real object stores (a folder and S3 over HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import redis
+
+from inference.records import DeadLetter, SamplingSettings
+from producer.gc import collect_orphans
+from producer.verify import verify_run
+from tests.support.records import completion, prompt
+from workers.errors import RetryLater
+from workers.ledger import RunLedger
+from workers.manifest import DATA_PREFIX, read_manifest
+from workers.parquet_io import completions_to_parquet
+from workers.runs import RunSettings, encode_run_settings
+from workers.settings import UploadSettings
+from workers.storage import ObjectStore, open_store
+from workers.uploader import Uploader
+
+pytestmark = pytest.mark.integration
+RUN = "upload-test"
+
+
+def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> RunLedger:
+    ledger = RunLedger(client, RUN)
+    client.set(
+        ledger.keys.settings,
+        encode_run_settings(RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output_url)),
+    )
+    client.sadd(ledger.keys.enqueued, *prompt_ids)
+    return ledger
+
+
+def uploader(client: redis.Redis, store: ObjectStore, **settings: float) -> Uploader:
+    return Uploader(client, UploadSettings(**settings), lambda _run: store)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["folder", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    if request.param == "folder":
+        return open_store((tmp_path / "out").as_uri())
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(f"s3://{bucket}/runs/{RUN}")
+
+
+def test_nothing_is_uploaded_before_a_part_is_due(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, [f"p{i}" for i in range(10)])
+    for i in range(3):
+        ledger.stage(completion(f"p{i}"))
+    report = uploader(redis_client, store, max_completions=5, max_age_s=3600).flush(RUN)
+    assert report.parts == 0
+    assert list(store.list(DATA_PREFIX)) == []
+
+
+def test_full_parts_are_committed_and_the_rest_waits(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, [f"p{i}" for i in range(20)])
+    for i in range(12):
+        ledger.stage(completion(f"p{i}"))
+    report = uploader(redis_client, store, max_completions=5, max_age_s=3600).flush(RUN)
+    assert (report.parts, report.completions) == (2, 10)
+    assert [entry.count for entry in read_manifest(store)] == [5, 5]
+    assert ledger.counts().staged == 2
+
+
+def test_a_drained_run_flushes_its_last_partial_part(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, ["a", "b", "c"])
+    ledger.stage(completion("a"))
+    ledger.stage(completion("b"))
+    ledger.dead_letter(
+        DeadLetter(prompt_id="c", row=3, reason="rejected_by_server", error="too long", attempts=1)
+    )
+    report = uploader(redis_client, store, max_completions=1000, max_age_s=3600).flush(RUN)
+    assert report.completions == 2
+    assert verify_run(redis_client, RUN, store).ok
+
+
+def test_old_completions_are_flushed_by_age(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, ["a", "b", "c"])
+    ledger.stage(completion("a"))
+    report = uploader(redis_client, store, max_completions=1000, max_age_s=0).flush(RUN)
+    assert report.completions == 1
+
+
+def test_the_byte_budget_splits_parts(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, [f"p{i}" for i in range(6)])
+    for i in range(6):
+        ledger.stage(completion(f"p{i}", size=2000))
+    report = uploader(redis_client, store, max_completions=1000, max_bytes=1, max_age_s=3600).flush(RUN)
+    assert (report.parts, report.completions) == (6, 6)
+
+
+def test_committed_objects_read_back_in_pandas(
+    redis_client: redis.Redis, store: ObjectStore, tmp_path: Path
+) -> None:
+    ledger = start_run(redis_client, store.url, ["a", "b"])
+    ledger.stage(completion("a", content="\n\nforty-two"))
+    ledger.stage(completion("b"))
+    uploader(redis_client, store).flush(RUN)
+    (entry,) = read_manifest(store)
+    local = tmp_path / "part.parquet"
+    local.write_bytes(store.get(entry.key))
+    frame = pd.read_parquet(local)
+    assert sorted(frame["prompt_id"]) == ["a", "b"]
+    assert frame.set_index("prompt_id").loc["a", "content"] == "\n\nforty-two"
+    assert frame.iloc[0]["usage"]["reasoning_tokens"] == 7
+
+
+def test_a_prompt_staged_twice_is_committed_once(redis_client: redis.Redis, store: ObjectStore) -> None:
+    ledger = start_run(redis_client, store.url, ["a"])
+    assert ledger.stage(completion("a"))
+    assert not ledger.stage(completion("a", content="again"))
+    uploader(redis_client, store).flush(RUN)
+    assert not ledger.stage(completion("a", content="after commit"))
+    report = verify_run(redis_client, RUN, store)
+    assert report.ok and report.committed == 1
+
+
+def test_a_flush_interrupted_after_its_manifest_entry_is_adopted_not_repeated(
+    redis_client: redis.Redis, store: ObjectStore
+) -> None:
+    # Given a flush that wrote part 0 and its manifest entry, then died before marking Redis
+    ledger = start_run(redis_client, store.url, ["a", "b", "c"])
+    for prompt_id in "abc":
+        ledger.stage(completion(prompt_id))
+    crashed = completions_to_parquet([completion("a"), completion("b")])
+    store.put("data/part-000000-crashed.parquet", crashed)
+    store.put_if_absent(
+        "manifest/part-000000.json",
+        b'{"part":0,"key":"data/part-000000-crashed.parquet","count":2,"bytes":%d,"sha256":"%s","committed_at":1}'
+        % (len(crashed), __import__("hashlib").sha256(crashed).hexdigest().encode()),
+    )
+    # When the next flush runs
+    report = uploader(redis_client, store).flush(RUN)
+    # Then part 0 is adopted as it was, c goes into part 1, and nothing is committed twice
+    assert report.adopted_parts == 1
+    assert [entry.count for entry in read_manifest(store)] == [2, 1]
+    result = verify_run(redis_client, RUN, store)
+    assert result.ok, result
+    assert result.committed == 3
+    # and the object the second flush wrote for part 0 is an orphan that gc removes
+    orphans = collect_orphans(store, min_age_s=0)
+    assert len(orphans.removed) == 1 and orphans.removed[0].startswith("data/part-000000-")
+
+
+def test_a_second_flush_of_the_same_run_waits_for_the_first(
+    redis_client: redis.Redis, store: ObjectStore
+) -> None:
+    ledger = start_run(redis_client, store.url, ["a"])
+    ledger.stage(completion("a"))
+    redis_client.set(ledger.keys.upload_lock, "someone-else")
+    with pytest.raises(RetryLater, match="another flush"):
+        uploader(redis_client, store).flush(RUN)
+    assert ledger.counts().staged == 1
+
+
+def test_verify_reports_a_prompt_that_was_never_committed(
+    redis_client: redis.Redis, store: ObjectStore
+) -> None:
+    ledger = start_run(redis_client, store.url, ["a", "b"])
+    ledger.stage(completion("a"))
+    uploader(redis_client, store, max_age_s=0).flush(RUN)
+    report = verify_run(redis_client, RUN, store)
+    assert not report.ok
+    assert report.missing == ["b"]
+
+
+def test_pending_skips_prompts_already_staged_done_or_dead(
+    redis_client: redis.Redis, store: ObjectStore
+) -> None:
+    ledger = start_run(redis_client, store.url, ["a", "b", "c", "d"])
+    ledger.stage(completion("a"))
+    ledger.dead_letter(DeadLetter(prompt_id="b", row=2, reason="x", error="y", attempts=1))
+    redis_client.sadd(ledger.keys.done, "c")
+    assert [p.id for p in ledger.pending([prompt(i) for i in "abcd"])] == ["d"]

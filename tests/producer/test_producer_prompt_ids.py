@@ -1,0 +1,107 @@
+"""Prompt ids: the row's own id, else a stable hash of the normalised conversation."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from inference.records import Message, Prompt
+from producer.prompt_ids import MAX_ID_CHARS, hashed_id
+from producer.rows import RejectedRow, parse_row
+
+
+def id_of(raw: object) -> str:
+    result = parse_row(raw, row=1)
+    assert isinstance(result, Prompt), result
+    return result.id
+
+
+def rejection_of(raw: object) -> str:
+    result = parse_row(raw, row=1)
+    assert isinstance(result, RejectedRow), result
+    return result.reason
+
+
+QUESTION = "What is 2 + 2?"
+
+
+def test_the_rows_own_string_id_is_used_as_written() -> None:
+    assert id_of({"id": " q-1", "prompt": QUESTION}) == " q-1"
+
+
+def test_an_integer_id_becomes_its_decimal_string() -> None:
+    assert id_of({"id": 123, "prompt": QUESTION}) == "123"
+
+
+def test_custom_id_then_uuid_are_used_when_id_is_absent_or_null() -> None:
+    assert id_of({"custom_id": "batch-7", "uuid": "u", "prompt": QUESTION}) == "batch-7"
+    assert id_of({"id": None, "uuid": "u-9", "prompt": QUESTION}) == "u-9"
+
+
+@pytest.mark.parametrize(
+    ("raw_id", "reason"),
+    [
+        (1.5, "id: must be a string or an integer, got float"),
+        (True, "id: must be a string or an integer, got bool"),
+        (["a"], "id: must be a string or an integer, got list"),
+        ("", "id: is empty"),
+        ("   ", "id: is empty"),
+        ("x" * (MAX_ID_CHARS + 1), f"id: is {MAX_ID_CHARS + 1} characters long, more than {MAX_ID_CHARS}"),
+    ],
+)
+def test_an_unusable_id_is_a_rejection_not_a_silent_fallback_to_the_hash(raw_id: object, reason: str) -> None:
+    assert rejection_of({"id": raw_id, "prompt": QUESTION}) == reason
+
+
+def test_a_row_without_an_id_gets_a_prefixed_sha256_of_its_canonical_messages() -> None:
+    canonical = json.dumps([{"content": QUESTION, "role": "user"}], sort_keys=True, separators=(",", ":"))
+    expected = "h-" + hashlib.sha256(canonical.encode()).hexdigest()[:32]
+    assert id_of({"prompt": QUESTION}) == expected
+
+
+def test_sharegpt_and_openai_rows_of_the_same_conversation_get_the_same_id() -> None:
+    openai = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": "4"},
+        ]
+    }
+    sharegpt = {
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "Hi"},
+            {"from": "gpt", "value": "Hello!"},
+            {"from": "human", "value": QUESTION},
+        ]
+    }
+    assert id_of(openai) == id_of(sharegpt)
+
+
+def test_a_prompt_row_and_a_one_turn_conversation_get_the_same_id() -> None:
+    as_prompt = {"prompt": QUESTION, "system": "Be brief."}
+    as_messages = {
+        "messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+    }
+    as_sharegpt = {"system": "Be brief.", "conversations": [{"from": "human", "value": QUESTION}]}
+    assert id_of(as_prompt) == id_of(as_messages) == id_of(as_sharegpt)
+
+
+def test_whitespace_is_part_of_the_content_so_it_changes_the_id() -> None:
+    assert id_of({"prompt": QUESTION}) != id_of({"prompt": QUESTION + "\n"})
+
+
+def test_the_system_prompt_and_the_turn_order_are_part_of_the_id() -> None:
+    assert id_of({"prompt": QUESTION}) != id_of({"prompt": QUESTION, "system": "Be brief."})
+    swapped = [Message(role="user", content="a"), Message(role="user", content="b")]
+    assert hashed_id(swapped) != hashed_id(list(reversed(swapped)))
+
+
+def test_non_ascii_content_is_hashed_as_utf8_not_as_json_escapes() -> None:
+    text = "Qu'est-ce qu'un trou noir ? 黑洞"
+    canonical = json.dumps([{"content": text, "role": "user"}], separators=(",", ":"), ensure_ascii=False)
+    assert id_of({"prompt": text}) == "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]

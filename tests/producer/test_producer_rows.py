@@ -1,0 +1,211 @@
+"""One raw row -> one Prompt or one RejectedRow: every format, every normalisation, every reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.records import Message, Prompt
+from producer.rows import RejectedRow, parse_row
+
+ROW = 7
+
+
+def prompt_of(raw: object) -> Prompt:
+    result = parse_row(raw, row=ROW)
+    assert isinstance(result, Prompt), result
+    return result
+
+
+def reason_of(raw: object) -> str:
+    result = parse_row(raw, row=ROW)
+    assert isinstance(result, RejectedRow), result
+    assert result.row == ROW
+    return result.reason
+
+
+def user(text: str) -> dict[str, object]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, object]:
+    return {"role": "assistant", "content": text}
+
+
+# --- accepted formats ---------------------------------------------------------------------
+
+
+def test_an_openai_messages_row_becomes_a_prompt_with_its_row_number() -> None:
+    prompt = prompt_of({"id": "a1", "messages": [user("Why is the sky blue?")]})
+    assert prompt == Prompt(id="a1", messages=[Message(role="user", content="Why is the sky blue?")], row=ROW)
+
+
+def test_a_system_prompt_stays_in_front() -> None:
+    prompt = prompt_of({"messages": [{"role": "system", "content": "Be brief."}, user("Hi")]})
+    assert [m.role for m in prompt.messages] == ["system", "user"]
+
+
+def test_trailing_assistant_turns_are_dropped_because_the_next_one_is_generated() -> None:
+    prompt = prompt_of(
+        {"messages": [user("1+1?"), assistant("2"), user("times 3?"), assistant("6"), assistant("!")]}
+    )
+    assert [m.content for m in prompt.messages] == ["1+1?", "2", "times 3?"]
+
+
+def test_text_content_parts_are_joined_without_a_separator() -> None:
+    content = [{"type": "text", "text": "Translate: "}, {"type": "text", "text": "bonjour"}]
+    prompt = prompt_of({"messages": [{"role": "user", "content": content}]})
+    assert prompt.messages == [Message(role="user", content="Translate: bonjour")]
+
+
+def test_the_developer_role_is_treated_as_system() -> None:
+    prompt = prompt_of({"messages": [{"role": "developer", "content": "Answer in French."}, user("Hi")]})
+    assert prompt.messages[0] == Message(role="system", content="Answer in French.")
+
+
+def test_a_prompt_string_becomes_one_user_turn_after_its_optional_system_field() -> None:
+    assert prompt_of({"prompt": "Hi"}).messages == [Message(role="user", content="Hi")]
+    assert prompt_of({"prompt": "Hi", "system": "Be kind."}).messages == [
+        Message(role="system", content="Be kind."),
+        Message(role="user", content="Hi"),
+    ]
+
+
+def test_an_empty_or_null_system_field_means_no_system_prompt() -> None:
+    assert prompt_of({"prompt": "Hi", "system": ""}).messages == [Message(role="user", content="Hi")]
+    assert prompt_of({"prompt": "Hi", "system": None}).messages == [Message(role="user", content="Hi")]
+
+
+def test_sharegpt_speakers_are_mapped_to_chat_roles() -> None:
+    turns = [
+        {"from": "system", "value": "S"},
+        {"from": "human", "value": "a"},
+        {"from": "gpt", "value": "b"},
+        {"from": "user", "value": "c"},
+        {"from": "chatgpt", "value": "d"},
+        {"from": "bing", "value": "e"},
+        {"from": "assistant", "value": "f"},
+        {"from": "human", "value": "g"},
+    ]
+    prompt = prompt_of({"conversations": turns})
+    assert [m.role for m in prompt.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "assistant",
+        "assistant",
+        "user",
+    ]
+
+
+def test_a_sharegpt_row_with_a_system_column_gets_that_system_prompt() -> None:
+    prompt = prompt_of({"system": "Be brief.", "conversations": [{"from": "human", "value": "Hi"}]})
+    assert prompt.messages[0] == Message(role="system", content="Be brief.")
+
+
+def test_a_system_field_equal_to_the_conversations_own_system_turn_is_kept_once() -> None:
+    row = {"system": "S", "messages": [{"role": "system", "content": "S"}, user("Hi")]}
+    assert [m.role for m in prompt_of(row).messages] == ["system", "user"]
+
+
+def test_messages_win_over_conversations_and_prompt_when_a_row_has_several() -> None:
+    prompt = prompt_of(
+        {"prompt": "P", "conversations": [{"from": "human", "value": "C"}], "messages": [user("M")]}
+    )
+    assert prompt.messages == [Message(role="user", content="M")]
+
+
+def test_a_null_format_field_counts_as_absent_as_in_a_parquet_column() -> None:
+    assert prompt_of({"messages": None, "prompt": "P"}).messages == [Message(role="user", content="P")]
+
+
+def test_content_is_kept_exactly_including_surrounding_whitespace() -> None:
+    assert prompt_of({"prompt": "  indented\n"}).messages[0].content == "  indented\n"
+
+
+def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
+    content = [{"type": "text", "text": "hi", "image_url": None}]
+    prompt = prompt_of({"messages": [{"role": "user", "content": content, "name": None}], "response": "x"})
+    assert prompt.messages == [Message(role="user", content="hi")]
+
+
+# --- rejections ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ([1, 2], "row: must be a JSON object, got list"),
+        ("text", "row: must be a JSON object, got str"),
+        ({"text": "hello"}, "no messages, conversations or prompt field"),
+        ({"messages": "hello"}, "messages: must be a list of turns, got str"),
+        ({"messages": []}, "messages: is empty"),
+        ({"messages": ["hello"]}, "messages[0]: must be an object, got str"),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role: is missing"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content: is missing"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content: is null"),
+        ({"messages": [{"role": 3, "content": "hi"}]}, "messages[0].role: must be a string, got int"),
+        (
+            {"messages": [{"role": "user", "content": 42}]},
+            "messages[0].content: must be a string or a list of content parts, got int",
+        ),
+        (
+            {"messages": [{"role": "narrator", "content": "hi"}]},
+            "messages[0].role: 'narrator' is not one of system, developer, user, assistant",
+        ),
+        (
+            {"messages": [user("hi"), {"role": "tool", "content": "42"}, user("and?")]},
+            "messages[1].role: is 'tool'; tool turns are not supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content[0]: is a 'image_url' part; only text parts are supported",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages[0].content[0].text: must be a string, got int",
+        ),
+        ({"messages": [user("   \n\t")]}, "messages[0].content: is empty"),
+        ({"messages": [user("hi"), assistant("yo"), user("")]}, "messages[2].content: is empty"),
+        ({"messages": [{"role": "system", "content": "S"}]}, "messages: has no user turn"),
+        ({"messages": [assistant("Hello!")]}, "messages: has no user turn"),
+        (
+            {"messages": [user("hi"), {"role": "system", "content": "S"}]},
+            "messages: ends with a system turn; the turn before the reply must be a user turn",
+        ),
+        ({"prompt": ""}, "prompt: is empty"),
+        ({"prompt": "   "}, "prompt: is empty"),
+        ({"prompt": ["hi"]}, "prompt: must be a string, got list"),
+        ({"prompt": "hi", "system": 1}, "system: must be a string, got int"),
+        (
+            {"system": "A", "messages": [{"role": "system", "content": "B"}, user("hi")]},
+            "system: differs from the conversation's own system turn",
+        ),
+        ({"conversations": {"from": "human"}}, "conversations: must be a list of turns, got dict"),
+        ({"conversations": [{"from": "human"}]}, "conversations[0].value: is missing"),
+        ({"conversations": [{"value": "hi"}]}, "conversations[0].from: is missing"),
+        (
+            {"conversations": [{"from": "robot", "value": "hi"}]},
+            "conversations[0].from: 'robot' is not one of system, human, user, gpt, assistant, chatgpt, bing",
+        ),
+        (
+            {"conversations": [{"from": "human", "value": "hi"}, {"from": "function_call", "value": "{}"}]},
+            "conversations[1].from: is 'function_call'; tool turns are not supported",
+        ),
+        ({"conversations": [{"from": "human", "value": ""}]}, "conversations[0].value: is empty"),
+        (
+            {"conversations": [{"from": "human", "value": 1.5}]},
+            "conversations[0].value: must be a string, got float",
+        ),
+    ],
+)
+def test_a_bad_row_is_rejected_with_a_reason_naming_the_field(raw: object, reason: str) -> None:
+    assert reason_of(raw) == reason
+
+
+def test_a_rejection_describes_its_file_and_row_for_a_folder_source() -> None:
+    rejected = parse_row({"prompt": ""}, row=12, file="part-3.jsonl")
+    assert isinstance(rejected, RejectedRow)
+    assert rejected.describe() == "part-3.jsonl:12: prompt: is empty"
+    assert RejectedRow(row=4, reason="r").describe() == "row 4: r"

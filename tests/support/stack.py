@@ -1,0 +1,99 @@
+"""A local pipeline of real processes for the integration tests: simulated GPUs, workers, uploader."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from producer.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
+from workers.ledger import RunLedger
+
+FAST_WORKER_ENV = {
+    "DRAFTGEN_UPLOAD_MAX_AGE_S": "1",
+    "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100",
+    "DRAFTGEN_SERVER_DOWN_RETRY_S": "1",
+    "DRAFTGEN_BACKOFF_BASE_S": "0.05",
+    "DRAFTGEN_BACKOFF_CAP_S": "0.5",
+    "DRAFTGEN_REQUEST_TIMEOUT_S": "60",
+    "DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": "1",
+    "DRAFTGEN_VISIBILITY_TIMEOUT_S": "20",
+}
+
+
+@dataclass
+class Stack:
+    redis_url: str
+    log_dir: Path
+    sims: list[SimulatorProcess]
+    extra_env: dict[str, str] = field(default_factory=dict)
+    generators: list[ManagedProcess] = field(default_factory=list)
+    uploader: ManagedProcess | None = None
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return worker_env(self.redis_url, {**FAST_WORKER_ENV, **self.extra_env, **extra})
+
+    def start_generator(self, gpu: int) -> ManagedProcess:
+        sim = self.sims[gpu]
+        env = self.env(DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu))
+        worker = start_celery_worker(f"gen{gpu}-{len(self.generators)}", "generate", env, self.log_dir)
+        self.generators.append(worker)
+        return worker
+
+    def start_uploader(self) -> ManagedProcess:
+        self.uploader = start_celery_worker(
+            f"upload-{id(self)}", "upload", self.env(), self.log_dir, concurrency=1
+        )
+        return self.uploader
+
+    def start(self) -> Stack:
+        for gpu in range(len(self.sims)):
+            self.start_generator(gpu)
+        self.start_uploader()
+        return self
+
+    def stop(self) -> None:
+        for process in [*self.generators, *([self.uploader] if self.uploader else [])]:
+            process.kill()
+
+    def producer(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "producer", *args],
+            cwd=PROJECT_ROOT,
+            env={**__import__("os").environ, **self.env()},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    def enqueue(self, data: Path | str, run: str, *options: str) -> str:
+        result = self.producer("enqueue", str(data), "--run", run, *options)
+        assert result.returncode == 0, result.stderr + result.stdout
+        return result.stdout
+
+    def wait_finished(self, run: str, *, timeout_s: float = 120) -> None:
+        ledger = RunLedger(redis.Redis.from_url(self.redis_url), run)
+
+        def finished() -> bool:
+            counts = ledger.counts()
+            return counts.enqueued > 0 and counts.remaining == 0 and counts.staged == 0
+
+        try:
+            wait_until(finished, timeout_s=timeout_s, what=f"run {run} to finish")
+        except TimeoutError as error:
+            logs = "\n".join(
+                f"--- {p.name}\n{p.log_tail()}"
+                for p in [*self.generators, *([self.uploader] if self.uploader else [])]
+            )
+            raise AssertionError(f"{error}: {ledger.counts()}\n{logs}") from error
+
+    def verify(self, run: str) -> subprocess.CompletedProcess[str]:
+        return self.producer("verify", "--run", run)
+
+
+def simulators(count: int, **settings: object) -> list[SimulatorProcess]:
+    return [SimulatorProcess(SimulatorSettings(**settings)).start() for _ in range(count)]  # type: ignore[arg-type]

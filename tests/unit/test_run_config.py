@@ -1,0 +1,55 @@
+from pathlib import Path
+
+import pytest
+
+from inference.records import SamplingSettings
+from producer.errors import SettingsError
+from producer.run_config import read_toml, resolve_run_settings
+from workers.runs import RunSettings, differences
+
+
+def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('output = "s3://bucket/runs"\n[sampling]\ntemperature = 0.7\nmax_tokens = 4096\n')
+    settings = resolve_run_settings(
+        "r1", pinned=None, file_values=read_toml(config), option_values={"max_tokens": 8192, "top_k": None}
+    )
+    assert settings.sampling.temperature == 0.7
+    assert settings.sampling.max_tokens == 8192
+    assert settings.sampling.top_k == SamplingSettings().top_k
+    assert settings.output_url == "s3://bucket/runs"
+
+
+def test_a_relative_output_folder_becomes_an_absolute_file_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = resolve_run_settings("r1", pinned=None, file_values={}, option_values={"output_url": "out"})
+    assert settings.output_url == (tmp_path / "out").as_uri()
+
+
+def test_re_running_without_options_keeps_the_pinned_settings() -> None:
+    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=1234), output_url="s3://b/p")
+    again = resolve_run_settings("r1", pinned=pinned, file_values={}, option_values={"max_tokens": None})
+    assert differences(pinned, again) == []
+
+
+def test_the_difference_names_each_changed_field_with_both_values() -> None:
+    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=512), output_url="s3://b/p")
+    given = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=32768), output_url="s3://b/q")
+    assert differences(pinned, given) == [
+        "sampling.max_tokens: pinned 512, given 32768",
+        "output_url: pinned 's3://b/p', given 's3://b/q'",
+    ]
+
+
+def test_an_unknown_key_in_the_file_is_refused_by_name(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("temprature = 0.7\n")
+    with pytest.raises(SettingsError, match="unknown settings temprature"):
+        read_toml(config)
+
+
+def test_a_wrong_type_is_refused() -> None:
+    with pytest.raises(SettingsError, match="invalid run settings"):
+        resolve_run_settings("r1", pinned=None, file_values={"max_tokens": "many"}, option_values={})

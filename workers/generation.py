@@ -1,0 +1,195 @@
+"""Generating a batch's completions while keeping the server's slots full across batch boundaries.
+
+One `GenerationEngine` per worker process owns an event loop thread, one client, and one in-flight
+window (a FIFO semaphore sized to the server's running-request slots). Every batch the worker holds
+feeds the same window, so while one batch's slowest requests finish, the next batch's prompts
+already occupy the freed slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from inference.backoff import backoff_delay_s
+from inference.client import ChatResult
+from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.quality import label_completion
+from inference.records import Completion, DeadLetter, Message, Origin, Prompt, SamplingSettings, Timings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+REASON_REJECTED = "rejected_by_server"
+REASON_EXHAUSTED = "failed_every_attempt"
+
+
+class ChatClient(Protocol):
+    async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult: ...
+    async def close(self) -> None: ...
+
+
+class Handover(Protocol):
+    """Where finished work goes: the upload path (staged) or the dead-letter set. Blocking calls."""
+
+    def stage(self, completion: Completion) -> bool: ...
+    def dead_letter(self, letter: DeadLetter) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+
+
+@dataclass
+class BatchOutcome:
+    staged: int = 0
+    dead_lettered: int = 0
+    already_handled: int = 0
+    unreachable: list[str] = field(default_factory=list)  # prompt ids left for a later delivery
+    last_error: str = ""
+
+
+def build_completion(
+    prompt: Prompt, result: ChatResult, sampling: SamplingSettings, origin: Origin, attempt: int
+) -> Completion:
+    return Completion(
+        prompt_id=prompt.id,
+        messages=prompt.messages,
+        reasoning_content=result.reasoning_content,
+        content=result.content,
+        finish_reason=result.finish_reason,
+        usage=result.usage,
+        timings=Timings(
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            latency_s=result.finished_at - result.started_at,
+        ),
+        model=sampling.model,
+        sampling=sampling,
+        origin=origin,
+        attempt=attempt,
+        quality=label_completion(
+            content=result.content,
+            reasoning_content=result.reasoning_content,
+            finish_reason=result.finish_reason,
+            thinking_enabled=sampling.enable_thinking,
+        ),
+        spec_accept_length=result.spec_accept_length,
+    )
+
+
+class GenerationEngine:
+    def __init__(
+        self,
+        client_factory: Callable[[], ChatClient],
+        *,
+        max_in_flight: int,
+        retry: RetryPolicy,
+        origin: Origin,
+    ) -> None:
+        self._retry = retry
+        self._origin = origin
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
+        self._thread.start()
+        self._window = self._call(self._make_window(max_in_flight))
+        self._client: ChatClient = self._call(self._make_client(client_factory))
+
+    @staticmethod
+    async def _make_window(size: int) -> asyncio.Semaphore:
+        return asyncio.Semaphore(size)
+
+    @staticmethod
+    async def _make_client(factory: Callable[[], ChatClient]) -> ChatClient:
+        return factory()
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result()
+
+    def run_batch(
+        self, run: str, prompts: list[Prompt], sampling: SamplingSettings, handover: Handover
+    ) -> BatchOutcome:
+        """Generate every prompt, handing each result over as soon as it exists. Blocks the caller."""
+        outcome: BatchOutcome = self._call(self._run_batch(run, prompts, sampling, handover))
+        return outcome
+
+    async def _run_batch(
+        self, run: str, prompts: list[Prompt], sampling: SamplingSettings, handover: Handover
+    ) -> BatchOutcome:
+        outcome = BatchOutcome()
+        await asyncio.gather(*(self._one(run, p, sampling, handover, outcome) for p in prompts))
+        return outcome
+
+    async def _one(
+        self, run: str, prompt: Prompt, sampling: SamplingSettings, handover: Handover, outcome: BatchOutcome
+    ) -> None:
+        last_error: InferenceUnavailable | None = None
+        for attempt in range(1, self._retry.max_attempts + 1):
+            rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
+            try:
+                async with self._window:
+                    result = await self._client.chat(prompt.messages, sampling, rid)
+            except InferenceRejected as error:
+                letter = DeadLetter(
+                    prompt_id=prompt.id,
+                    row=prompt.row,
+                    reason=REASON_REJECTED,
+                    error=str(error),
+                    attempts=attempt,
+                )
+                await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
+                return
+            except InferenceUnavailable as error:
+                last_error = error
+                log.warning(
+                    "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
+                )
+                if attempt < self._retry.max_attempts:
+                    await asyncio.sleep(
+                        backoff_delay_s(
+                            attempt, base_s=self._retry.backoff_base_s, cap_s=self._retry.backoff_cap_s
+                        )
+                    )
+                continue
+            completion = build_completion(prompt, result, sampling, self._origin, attempt)
+            await self._hand_over(handover.stage, completion, outcome, dead=False)
+            return
+        assert last_error is not None
+        outcome.last_error = str(last_error)
+        if last_error.server_unreachable:
+            outcome.unreachable.append(prompt.id)
+            return
+        letter = DeadLetter(
+            prompt_id=prompt.id,
+            row=prompt.row,
+            reason=REASON_EXHAUSTED,
+            error=str(last_error),
+            attempts=self._retry.max_attempts,
+        )
+        await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
+
+    @staticmethod
+    async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:
+        if not await asyncio.to_thread(write, record):
+            outcome.already_handled += 1
+        elif dead:
+            outcome.dead_lettered += 1
+        else:
+            outcome.staged += 1
+
+    def close(self) -> None:
+        self._call(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()

@@ -1,0 +1,105 @@
+"""Every Redis key draftgen uses, in one place. All of a run's keys share the prefix `draftgen:<run>:`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KEY_PREFIX = "draftgen"
+RUNS_KEY = f"{KEY_PREFIX}:runs"  # set of run names
+RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class InvalidRunName(ValueError):
+    """A run name must be a safe key and path segment."""
+
+
+def check_run_name(run: str) -> str:
+    if not RUN_NAME_PATTERN.match(run):
+        raise InvalidRunName(
+            f"run name {run!r} must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
+        )
+    return run
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run: str
+
+    def _key(self, name: str) -> str:
+        return f"{KEY_PREFIX}:{self.run}:{name}"
+
+    @property
+    def settings(self) -> str:
+        """The run's pinned generation settings (JSON)."""
+        return self._key("settings")
+
+    @property
+    def enqueued(self) -> str:
+        """Set of every prompt id ever accepted into the run."""
+        return self._key("enqueued")
+
+    def batch(self, batch_id: str) -> str:
+        """A batch's prompts (compressed), written before its message is published."""
+        return self._key(f"batch:{batch_id}")
+
+    @property
+    def batch_failures(self) -> str:
+        """Hash batch id -> unexpected failures so far (a poison batch is dead-lettered, not looped)."""
+        return self._key("batch_failures")
+
+    @property
+    def unpublished(self) -> str:
+        """Set of batch ids stored but not yet confirmed published (the outbox)."""
+        return self._key("unpublished")
+
+    @property
+    def rejected(self) -> str:
+        """Hash "source|file|row" -> rejected row (JSON: row, reason): rows refused at enqueue."""
+        return self._key("rejected")
+
+    @property
+    def staged(self) -> str:
+        """Hash prompt id -> completion (compressed) handed over by a generate worker, not yet committed."""
+        return self._key("staged")
+
+    @property
+    def staged_index(self) -> str:
+        """Sorted set of staged prompt ids by hand-over time (Redis clock), oldest first."""
+        return self._key("staged_index")
+
+    @property
+    def staged_bytes(self) -> str:
+        return self._key("staged_bytes")
+
+    @property
+    def done(self) -> str:
+        """Set of committed prompt ids: listed in the manifest."""
+        return self._key("done")
+
+    @property
+    def dead(self) -> str:
+        """Hash prompt id -> dead letter (JSON): prompts that will not get a completion, with the reason."""
+        return self._key("dead")
+
+    @property
+    def manifest(self) -> str:
+        """List of manifest entries (JSON), the Redis copy of the manifest in the object store."""
+        return self._key("manifest")
+
+    @property
+    def next_part(self) -> str:
+        return self._key("next_part")
+
+    @property
+    def upload_lock(self) -> str:
+        return self._key("upload_lock")
+
+    @property
+    def paused(self) -> str:
+        """Present while the run is paused: the reason."""
+        return self._key("paused")
+
+    def enqueue_session(self, session_id: str) -> str:
+        """Ids added by one enqueue invocation: tells duplicates in the input from ids already there."""
+        return self._key(f"enqueue_session:{session_id}")

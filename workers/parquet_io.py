@@ -1,0 +1,77 @@
+"""Completions as Parquet (zstd inside): readable by pandas, pyarrow and Hugging Face `datasets` alike."""
+
+from __future__ import annotations
+
+import io
+
+import msgspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from inference.records import Completion
+
+PARQUET_COMPRESSION = "zstd"
+
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+COMPLETION_SCHEMA = pa.schema(
+    [
+        ("prompt_id", pa.string()),
+        ("messages", pa.list_(_MESSAGE)),
+        ("reasoning_content", pa.string()),
+        ("content", pa.string()),
+        ("finish_reason", pa.string()),
+        ("quality", pa.string()),
+        (
+            "usage",
+            pa.struct(
+                [
+                    ("prompt_tokens", pa.int64()),
+                    ("completion_tokens", pa.int64()),
+                    ("reasoning_tokens", pa.int64()),
+                ]
+            ),
+        ),
+        (
+            "timings",
+            pa.struct(
+                [("started_at", pa.float64()), ("finished_at", pa.float64()), ("latency_s", pa.float64())]
+            ),
+        ),
+        ("model", pa.string()),
+        (
+            "sampling",
+            pa.struct(
+                [
+                    ("model", pa.string()),
+                    ("temperature", pa.float64()),
+                    ("top_p", pa.float64()),
+                    ("top_k", pa.int64()),
+                    ("min_p", pa.float64()),
+                    ("max_tokens", pa.int64()),
+                    ("enable_thinking", pa.bool_()),
+                    ("seed", pa.int64()),
+                ]
+            ),
+        ),
+        ("origin", pa.struct([("host", pa.string()), ("gpu", pa.int64()), ("server_url", pa.string())])),
+        ("attempt", pa.int64()),
+        ("spec_accept_length", pa.float64()),
+    ]
+)
+
+
+def completions_to_parquet(completions: list[Completion]) -> bytes:
+    table = pa.Table.from_pylist([msgspec.to_builtins(c) for c in completions], schema=COMPLETION_SCHEMA)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression=PARQUET_COMPRESSION)
+    return sink.getvalue()
+
+
+def prompt_ids_in(data: bytes) -> list[str]:
+    column = pq.read_table(io.BytesIO(data), columns=["prompt_id"]).column("prompt_id")
+    return [str(value) for value in column.to_pylist()]
+
+
+def read_completions(data: bytes) -> list[Completion]:
+    rows = pq.read_table(io.BytesIO(data)).to_pylist()
+    return [msgspec.convert(row, type=Completion) for row in rows]

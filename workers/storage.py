@@ -1,0 +1,195 @@
+"""Object stores for a run's output: a local folder (`file://`) or any S3 endpoint (`s3://`).
+
+Keys are relative to the store's root (the URL's path or prefix). `put_if_absent` is the commit
+primitive: S3 conditional writes (`If-None-Match: *`) or an exclusive hard link on a folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from workers.errors import RetryLater
+
+STORE_RETRY_DELAY_S = 10.0
+S3_MAX_ATTEMPTS = 5  # botocore's own retry layer is the one layer for this hop
+S3_PRECONDITION_FAILED = "PreconditionFailed"
+S3_CONFLICT = "ConditionalRequestConflict"
+S3_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+
+
+class StoreUnavailable(RetryLater):
+    """The object store could not be reached or refused a write; the work waits in Redis."""
+
+
+class ObjectMissing(KeyError):
+    """No object under that key."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    modified_at: float  # unix seconds
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def put_if_absent(self, key: str, data: bytes) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
+    def delete(self, key: str) -> None: ...
+
+
+class FolderStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _write_temp(self, key: str, data: bytes) -> Path:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return Path(temp)
+
+    def put(self, key: str, data: bytes) -> None:
+        os.replace(self._write_temp(key, data), self._path(key))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        temp = self._write_temp(key, data)
+        try:
+            os.link(temp, self._path(key))
+        except FileExistsError:
+            return False
+        finally:
+            temp.unlink()
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as error:
+            raise ObjectMissing(key) from error
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.name.startswith(".tmp-"):
+                stat = path.stat()
+                yield ObjectInfo(str(path.relative_to(self.root)), stat.st_size, stat.st_mtime)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+
+def _error_code(error: botocore.exceptions.ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str, client: Any = None) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._s3 = client or boto3.client(
+            "s3", config=Config(retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"})
+        )
+
+    def _full(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._s3, operation)(Bucket=self.bucket, **kwargs)
+        except botocore.exceptions.ClientError as error:
+            if _error_code(error) in (S3_PRECONDITION_FAILED, *S3_NOT_FOUND):
+                raise
+            raise StoreUnavailable(
+                f"S3 {operation} on {self.url} failed: {error}", delay_s=STORE_RETRY_DELAY_S
+            ) from error
+        except botocore.exceptions.BotoCoreError as error:
+            raise StoreUnavailable(
+                f"S3 {operation} on {self.url} failed: {error}", delay_s=STORE_RETRY_DELAY_S
+            ) from error
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put_object", Key=self._full(key), Body=data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        try:
+            self._call("put_object", Key=self._full(key), Body=data, IfNoneMatch="*")
+        except botocore.exceptions.ClientError as error:
+            if _error_code(error) in (S3_PRECONDITION_FAILED, S3_CONFLICT):
+                return False
+            raise
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            body: bytes = self._call("get_object", Key=self._full(key))["Body"].read()
+        except botocore.exceptions.ClientError as error:
+            raise ObjectMissing(key) from error
+        return body
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        start = len(self.prefix) + 1 if self.prefix else 0
+        token: dict[str, str] = {}
+        while True:
+            page = self._call("list_objects_v2", Prefix=self._full(prefix), **token)
+            for item in page.get("Contents", []):
+                yield ObjectInfo(item["Key"][start:], int(item["Size"]), item["LastModified"].timestamp())
+            if not page.get("IsTruncated"):
+                return
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def delete(self, key: str) -> None:
+        self._call("delete_object", Key=self._full(key))
+
+
+class UnsupportedStoreUrl(ValueError):
+    """The output URL is neither file:// nor s3://."""
+
+
+def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        return FolderStore(Path(parsed.path))
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
+        return S3Store(parsed.netloc, parsed.path, s3_client)
+    raise UnsupportedStoreUrl(f"{url!r}: output must be file:///absolute/path or s3://bucket/prefix")
+
+
+def normalise_output_url(url: str) -> str:
+    """Turn a bare or relative folder into an absolute file:// URL; leave s3:// as it is."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("s3", "file"):
+        return url if parsed.scheme == "s3" else Path(parsed.path).resolve().as_uri()
+    if parsed.scheme:
+        raise UnsupportedStoreUrl(
+            f"{url!r}: output must be a folder, file:///absolute/path or s3://bucket/prefix"
+        )
+    return Path(url).resolve().as_uri()
