@@ -1,0 +1,3 @@
+from inference.node.cli import main
+
+raise SystemExit(main())

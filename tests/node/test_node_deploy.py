@@ -1,0 +1,147 @@
+"""The deploy files: units that run what the CLI accepts, a bootstrap whose dry run changes nothing,
+and a bucket policy that grants only what a node needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from inference.node.cli import EXIT_OK, register
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+UNITS = DEPLOY / "systemd"
+ENV_FILE = "/etc/draftgen/draftgen.env"
+SCRIPT_TIMEOUT_S = 60
+
+
+def unit(name: str) -> dict[str, list[str]]:
+    """A unit file's directives (repeatable ones keep every value)."""
+    directives: dict[str, list[str]] = {}
+    for line in (UNITS / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            directives.setdefault(key.strip(), []).append(value.strip())
+    return directives
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "draftgen-sglang@.service",
+        "draftgen-generate@.service",
+        "draftgen-uploader.service",
+        "draftgen-flower.service",
+        "draftgen-stage.service",
+    ],
+)
+def test_every_unit_reads_the_shared_env_file_and_comes_back_after_a_failure(name: str) -> None:
+    directives = unit(name)
+    assert directives["EnvironmentFile"] == [ENV_FILE]
+    assert directives["Restart"] in (["always"], ["on-failure"])
+    assert directives["User"] == ["draftgen"]
+
+
+def test_the_server_unit_runs_serve_for_its_gpu_with_arguments_serve_accepts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given the unit's command line for instance 3, with DRAFTGEN_SERVE_ARGS set as in the example env file
+    [exec_start] = unit("draftgen-sglang@.service")["ExecStart"]
+    argv = shlex.split(exec_start.replace("%i", "3"))
+    assert argv[1:4] == ["-m", "inference", "serve"]
+    example = (DEPLOY / "draftgen.env.example").read_text()
+    [serve_args] = [line for line in example.splitlines() if line.startswith("#DRAFTGEN_SERVE_ARGS=")]
+    # systemd strips the quotes, then splits an unbraced $VAR at whitespace
+    extra = " ".join(shlex.split(serve_args.partition("=")[2])).split()
+    argv = [a for a in argv[3:] if a != "$DRAFTGEN_SERVE_ARGS"]
+
+    # When serve parses it in a dry run
+    args = parse([*argv, "--model-path", "/dev/shm/Qwen3.6-27B", "--dry-run", *extra])
+
+    # Then it serves GPU 3 on port 30003 with the example's tuning
+    assert args.handler(args) == EXIT_OK
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("CUDA_VISIBLE_DEVICES=3 ")
+    assert "--port 30003 " in line
+    assert "--mem-fraction-static 0.88 " in line
+    assert "--log-requests >>/var/log/draftgen/sglang-gpu3.log" in line
+
+
+def test_the_generate_unit_binds_its_worker_to_its_gpu() -> None:
+    directives = unit("draftgen-generate@.service")
+    assert "DRAFTGEN_GPU=%i" in directives["Environment"]
+    [exec_start] = directives["ExecStart"]
+    assert exec_start.endswith("celery -A workers worker -Q generate -n gen%i@%H --loglevel INFO")
+    assert "draftgen-sglang@%i.service" in directives["After"][0]
+
+
+def test_the_example_env_file_is_valid_shell(tmp_path: Path) -> None:
+    shown = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'set -a; . "$1"; set +a; echo "$DRAFTGEN_REDIS_URL"',
+            "check",
+            DEPLOY / "draftgen.env.example",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+    assert shown.stdout.startswith("rediss://")
+    assert "ssl_cert_reqs=required&ssl_ca_certs=" in shown.stdout
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
+def test_the_bootstrap_dry_run_shows_every_change_and_makes_none() -> None:
+    result = subprocess.run(
+        [DEPLOY / "bootstrap-node.sh", "--gpus", "2", "--uploader", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr
+    changes = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    enable = next(line for line in changes if line.startswith("+ systemctl enable "))
+    for wanted in ("draftgen-sglang@0", "draftgen-sglang@1", "draftgen-generate@1", "draftgen-uploader"):
+        assert f"{wanted}.service" in enable
+    assert "draftgen-sglang@2" not in enable
+    assert "draftgen-flower" not in enable
+    assert any(line.startswith("+ runuser -u draftgen") and "inference" in line for line in changes)
+
+
+def test_the_bootstrap_refuses_a_bad_gpu_count() -> None:
+    result = subprocess.run(
+        [DEPLOY / "bootstrap-node.sh", "--gpus", "two", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+    assert result.returncode != 0
+    assert "--gpus must be a whole number" in result.stderr or "apt-get not found" in result.stderr
+
+
+def test_the_bucket_policy_grants_only_list_get_put_and_delete_under_the_prefixes() -> None:
+    policy = json.loads((DEPLOY / "bucket-policy.json").read_text())
+    actions: set[str] = set()
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow"
+        granted = statement["Action"]
+        actions.update([granted] if isinstance(granted, str) else granted)
+        if statement["Action"] == "s3:ListBucket":
+            assert statement["Condition"]["StringLike"]["s3:prefix"], "listing must be limited to a prefix"
+        else:
+            assert statement["Resource"].endswith("/*") and statement["Resource"].count("/") >= 2
+    assert actions == {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
