@@ -105,6 +105,8 @@ class GenerationEngine:
         self._thread.start()
         self._window = self._call(self._make_window(max_in_flight))
         self._client: ChatClient = self._call(self._make_client(client_factory))
+        self._in_flight: set[asyncio.Task[ChatResult]] = set()
+        self._suspended_because: str | None = None
 
     @staticmethod
     async def _make_window(size: int) -> asyncio.Semaphore:
@@ -117,6 +119,33 @@ class GenerationEngine:
     def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
         future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         return future.result()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended_because is not None
+
+    def suspend(self, reason: str) -> None:
+        """Stop sending requests and abandon those in flight: their prompts go back with their batches.
+
+        Used when the server is hung. Every batch held returns promptly with those prompts left
+        pending, so its message is delivered again (to this worker once resumed, or another).
+        """
+        self._call(self._suspend(reason))
+
+    async def _suspend(self, reason: str) -> None:
+        self._suspended_because = reason
+        for task in list(self._in_flight):
+            task.cancel()
+
+    def resume(self) -> None:
+        self._call(self._resume())
+
+    async def _resume(self) -> None:
+        self._suspended_because = None
 
     def run_batch(
         self, run: str, prompts: list[Prompt], sampling: SamplingSettings, handover: Handover
@@ -139,8 +168,7 @@ class GenerationEngine:
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
             try:
-                async with self._window:
-                    result = await self._client.chat(prompt.messages, sampling, rid)
+                result = await self._chat(prompt, sampling, rid)
             except InferenceRejected as error:
                 letter = DeadLetter(
                     prompt_id=prompt.id,
@@ -153,6 +181,8 @@ class GenerationEngine:
                 return
             except InferenceUnavailable as error:
                 last_error = error
+                if self._suspended_because is not None:
+                    break
                 log.warning(
                     "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
                 )
@@ -168,7 +198,7 @@ class GenerationEngine:
             return
         assert last_error is not None
         outcome.last_error = str(last_error)
-        if last_error.server_unreachable:
+        if last_error.server_unreachable or self._suspended_because is not None:
             outcome.unreachable.append(prompt.id)
             return
         letter = DeadLetter(
@@ -179,6 +209,21 @@ class GenerationEngine:
             attempts=self._retry.max_attempts,
         )
         await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
+
+    async def _chat(self, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
+        async with self._window:
+            if self._suspended_because is not None:
+                raise InferenceUnavailable(f"worker suspended: {self._suspended_because}")
+            task = asyncio.ensure_future(self._client.chat(prompt.messages, sampling, rid))
+            self._in_flight.add(task)
+            try:
+                return await task
+            except asyncio.CancelledError:
+                if self._suspended_because is None or not task.cancelled():
+                    raise
+                raise InferenceUnavailable(f"abandoned: {self._suspended_because}") from None
+            finally:
+                self._in_flight.discard(task)
 
     @staticmethod
     async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:

@@ -73,6 +73,17 @@ class RunKeys:
         return self._key("staged_bytes")
 
     @property
+    def stats(self) -> str:
+        """Hash of running totals over staged completions: completions, tokens, quality:<label>,
+        finish:<reason>, first_completion_at (unix s)."""
+        return self._key("stats")
+
+    @property
+    def events(self) -> str:
+        """Stream of recent completions (fields: tokens, gpu); its ids are Redis-clock milliseconds."""
+        return self._key("events")
+
+    @property
     def done(self) -> str:
         """Set of committed prompt ids: listed in the manifest."""
         return self._key("done")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
-from inference.records import Completion, DeadLetter, Prompt
+from inference.records import Completion, DeadLetter, Origin, Prompt
 from workers.codec import encode_blob
 from workers.keys import RunKeys
 
@@ -27,6 +27,14 @@ if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
 local now = redis.call('TIME')
 redis.call('ZADD', KEYS[4], tonumber(now[1]) + tonumber(now[2]) / 1e6, ARGV[1])
 redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
+redis.call('HINCRBY', KEYS[6], 'completions', 1)
+redis.call('HINCRBY', KEYS[6], 'quality:' .. ARGV[3], 1)
+redis.call('HINCRBY', KEYS[6], 'finish:' .. ARGV[4], 1)
+redis.call('HINCRBY', KEYS[6], 'completion_tokens', ARGV[5])
+redis.call('HINCRBY', KEYS[6], 'reasoning_tokens', ARGV[6])
+redis.call('HINCRBY', KEYS[6], 'prompt_tokens', ARGV[7])
+redis.call('HSETNX', KEYS[6], 'first_completion_at', now[1])
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu', ARGV[8])
 return 1
 """
 
@@ -58,6 +66,16 @@ redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('SET', KEYS[2], part + 1)
 return newly
 """
+
+
+EVENTS_KEPT = 200_000  # completion events kept per run for recent rates (about an hour at 50/s)
+
+
+def gpu_label(origin: Origin) -> str:
+    """`host/gpuN`, or `host/url` for a worker configured by URL: one status row per GPU."""
+    return (
+        f"{origin.host}/gpu{origin.gpu}" if origin.gpu is not None else f"{origin.host}/{origin.server_url}"
+    )
 
 
 @dataclass(frozen=True)
@@ -98,15 +116,29 @@ class RunLedger:
         ]
 
     def stage(self, completion: Completion) -> bool:
-        """Hand a completion to the upload path; False when the prompt already had one."""
+        """Hand a completion to the upload path and count it; False when the prompt already had one."""
         keys = [
             self.keys.done,
             self.keys.dead,
             self.keys.staged,
             self.keys.staged_index,
             self.keys.staged_bytes,
+            self.keys.stats,
+            self.keys.events,
         ]
-        return bool(self._stage(keys=keys, args=[completion.prompt_id, encode_blob(completion)]))
+        usage = completion.usage
+        args = [
+            completion.prompt_id,
+            encode_blob(completion),
+            completion.quality.value,
+            completion.finish_reason,
+            usage.completion_tokens,
+            usage.reasoning_tokens,
+            usage.prompt_tokens,
+            gpu_label(completion.origin),
+            EVENTS_KEPT,
+        ]
+        return bool(self._stage(keys=keys, args=args))
 
     def dead_letter(self, letter: DeadLetter) -> bool:
         keys = [self.keys.done, self.keys.staged, self.keys.dead]
