@@ -86,6 +86,7 @@ class Completion(Record, frozen=True):
     attempt: int
     quality: Quality
     spec_accept_length: float | None = None
+    budget_retries: int = 0  # times the budget was doubled after thinking was cut off
 
 
 class DeadLetter(Record, frozen=True):

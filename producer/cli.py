@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from pathlib import Path
@@ -18,8 +19,12 @@ from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
 from workers.keys import RunKeys, check_run_name
-from workers.runs import RunSettings, decode_run_settings
+from workers.runs import RunSettings, TruncationPolicy, decode_run_settings
 from workers.storage import open_store
+
+# More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
+# takes (args, ProducerSettings) and returns an exit code.
+COMMAND_MODULES: tuple[str, ...] = ()
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -56,6 +61,33 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--output", dest="output_url", help="s3://bucket/prefix or a folder (default ./output)"
     )
+    quality = parser.add_argument_group("data quality (pinned too)")
+    quality.add_argument(
+        "--truncated-thinking",
+        dest="truncated_thinking",
+        choices=[policy.value for policy in TruncationPolicy],
+        help="completions whose thinking hit max_tokens: keep (default), drop (dead-letter), "
+        "or retry with double the budget up to --retry-max-tokens-cap",
+    )
+    quality.add_argument("--retry-max-tokens-cap", dest="retry_max_tokens_cap", type=int)
+    quality.add_argument(
+        "--gate-min-completions",
+        dest="gate_min_completions",
+        type=int,
+        help="judge after this many (default 200)",
+    )
+    quality.add_argument(
+        "--gate-max-empty-rate",
+        dest="gate_max_empty_answer_rate",
+        type=float,
+        help="pause above (default 0.2)",
+    )
+    quality.add_argument(
+        "--gate-max-truncated-rate",
+        dest="gate_max_truncated_rate",
+        type=float,
+        help="pause above (default 0.3)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true")
     gc.set_defaults(handler=cmd_gc)
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(commands)
     return parser
 
 
@@ -142,6 +176,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
             "seed",
             "batch_size",
             "output_url",
+            "truncated_thinking",
+            "retry_max_tokens_cap",
+            "gate_min_completions",
+            "gate_max_empty_answer_rate",
+            "gate_max_truncated_rate",
         )
     }
     file_values = read_toml(args.config) if args.config else {}
@@ -183,9 +222,7 @@ def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
     for key in report.removed:
         print(f"  {key}")
     if report.kept_young:
-        print(
-            f"kept {len(report.kept_young)} orphans younger than {args.min_age_s:.0f} s (maybe mid-commit)"
-        )
+        print(f"kept {len(report.kept_young)} orphans younger than {args.min_age_s:.0f} s (maybe mid-commit)")
     return EXIT_OK
 
 

@@ -15,22 +15,30 @@ import msgspec
 
 from inference.records import SamplingSettings
 from producer.errors import SettingsError
-from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
+from workers.runs import DEFAULT_BATCH_SIZE, QualityGate, RunSettings
 from workers.storage import UnsupportedStoreUrl, normalise_output_url
 
 DEFAULT_OUTPUT = "./output"
 SAMPLING_FIELDS = frozenset(SamplingSettings.__struct_fields__)
-RUN_FIELDS = frozenset({"batch_size", "output_url"})
+GATE_FIELDS = {  # option or flat key -> field of the run's quality gate
+    "gate_min_completions": "min_completions",
+    "gate_max_empty_answer_rate": "max_empty_answer_rate",
+    "gate_max_truncated_rate": "max_truncated_rate",
+}
+RUN_FIELDS = frozenset(
+    {"batch_size", "output_url", "truncated_thinking", "retry_max_tokens_cap", *GATE_FIELDS}
+)
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """Flat keys, or sampling keys under a `[sampling]` table; `output` or `output_url`, `batch_size`."""
+    """Flat keys, or sampling keys under `[sampling]` and gate keys under `[gate]` (without `gate_`)."""
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise SettingsError(f"cannot read settings file {path}: {error}") from error
-    flat = {key: value for key, value in document.items() if key != "sampling"}
+    flat = {key: value for key, value in document.items() if key not in ("sampling", "gate")}
     flat.update(document.get("sampling", {}))
+    flat.update({f"gate_{key}": value for key, value in document.get("gate", {}).items()})
     if "output" in flat:
         flat["output_url"] = flat.pop("output")
     unknown = set(flat) - SAMPLING_FIELDS - RUN_FIELDS
@@ -57,6 +65,7 @@ def resolve_run_settings(
             "sampling": msgspec.to_builtins(SamplingSettings()),
             "output_url": default_output,
             "batch_size": DEFAULT_BATCH_SIZE,
+            "gate": msgspec.to_builtins(QualityGate()),
         }
     )
     for layer in (file_values, option_values):
@@ -65,6 +74,8 @@ def resolve_run_settings(
                 continue
             if key in SAMPLING_FIELDS:
                 base["sampling"][key] = value
+            elif key in GATE_FIELDS:
+                base.setdefault("gate", msgspec.to_builtins(QualityGate()))[GATE_FIELDS[key]] = value
             else:
                 base[key] = value
     try:

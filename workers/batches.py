@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from inference.records import DeadLetter, PromptBatch
 from workers.codec import decode_blob
 from workers.context import WorkerContext
+from workers.control import pause_state
 from workers.errors import RetryLater
+from workers.generation import Truncation
 from workers.ledger import RunLedger
+from workers.quality_gate import check_quality_gate
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +34,9 @@ class BatchReport:
 def process_batch(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
     """Generate what the batch still needs. Raises RetryLater to have the message delivered again later."""
     ledger = RunLedger(ctx.redis, run)
-    paused_reason = ctx.redis.get(ledger.keys.paused)
-    if paused_reason is not None:
-        raise RetryLater(f"run {run!r} is paused: {paused_reason.decode()}", delay_s=PAUSED_RETRY_S)
+    paused = pause_state(ctx.redis, run)
+    if paused is not None:
+        raise RetryLater(f"run {run!r} is paused: {paused.reason}", delay_s=PAUSED_RETRY_S)
     if ctx.redis.zcard(ledger.keys.staged_index) >= MAX_STAGED_PER_RUN:
         raise RetryLater(
             f"run {run!r} has {MAX_STAGED_PER_RUN}+ completions awaiting upload", delay_s=BACKLOG_RETRY_S
@@ -44,8 +47,12 @@ def process_batch(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
         return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0)
     batch = decode_blob(blob, PromptBatch)
     pending = ledger.pending(batch.prompts)
-    sampling = ctx.run_settings(run).sampling
-    outcome = ctx.engine.run_batch(run, pending, sampling, ledger)
+    settings = ctx.run_settings(run)
+    truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
+    outcome = ctx.engine.run_batch(run, pending, settings.sampling, ledger, truncation)
+    tripped = check_quality_gate(ctx.redis, run, settings.gate)
+    if tripped:
+        log.error("run %s paused by the quality gate: %s", run, tripped)
     if outcome.unreachable:
         raise RetryLater(
             f"batch {batch_id}: {len(outcome.unreachable)} prompts got no answer from "

@@ -17,11 +17,23 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import msgspec
+
 from inference.backoff import backoff_delay_s
 from inference.client import ChatResult
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.quality import label_completion
-from inference.records import Completion, DeadLetter, Message, Origin, Prompt, SamplingSettings, Timings
+from inference.records import (
+    Completion,
+    DeadLetter,
+    Message,
+    Origin,
+    Prompt,
+    Quality,
+    SamplingSettings,
+    Timings,
+)
+from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +42,8 @@ R = TypeVar("R")
 
 REASON_REJECTED = "rejected_by_server"
 REASON_EXHAUSTED = "failed_every_attempt"
+REASON_TRUNCATED = "truncated_in_thinking"
+BUDGET_GROWTH_FACTOR = 2
 
 
 class ChatClient(Protocol):
@@ -42,6 +56,20 @@ class Handover(Protocol):
 
     def stage(self, completion: Completion) -> bool: ...
     def dead_letter(self, letter: DeadLetter) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """How a run treats thinking cut off by the budget (see workers.runs.TruncationPolicy)."""
+
+    policy: TruncationPolicy = TruncationPolicy.KEEP
+    max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
+
+    def next_budget(self, max_tokens: int) -> int | None:
+        """The larger budget to retry with, or None when the policy or the cap says no."""
+        if self.policy is not TruncationPolicy.RETRY or max_tokens >= self.max_tokens_cap:
+            return None
+        return min(max_tokens * BUDGET_GROWTH_FACTOR, self.max_tokens_cap)
 
 
 @dataclass(frozen=True)
@@ -61,7 +89,12 @@ class BatchOutcome:
 
 
 def build_completion(
-    prompt: Prompt, result: ChatResult, sampling: SamplingSettings, origin: Origin, attempt: int
+    prompt: Prompt,
+    result: ChatResult,
+    sampling: SamplingSettings,
+    origin: Origin,
+    attempt: int,
+    budget_retries: int = 0,
 ) -> Completion:
     return Completion(
         prompt_id=prompt.id,
@@ -86,7 +119,17 @@ def build_completion(
             thinking_enabled=sampling.enable_thinking,
         ),
         spec_accept_length=result.spec_accept_length,
+        budget_retries=budget_retries,
     )
+
+
+@dataclass
+class _Job:
+    run: str
+    sampling: SamplingSettings
+    handover: Handover
+    truncation: Truncation
+    outcome: BatchOutcome
 
 
 class GenerationEngine:
@@ -148,22 +191,54 @@ class GenerationEngine:
         self._suspended_because = None
 
     def run_batch(
-        self, run: str, prompts: list[Prompt], sampling: SamplingSettings, handover: Handover
+        self,
+        run: str,
+        prompts: list[Prompt],
+        sampling: SamplingSettings,
+        handover: Handover,
+        truncation: Truncation | None = None,
     ) -> BatchOutcome:
         """Generate every prompt, handing each result over as soon as it exists. Blocks the caller."""
-        outcome: BatchOutcome = self._call(self._run_batch(run, prompts, sampling, handover))
-        return outcome
+        job = _Job(run, sampling, handover, truncation or Truncation(), BatchOutcome())
+        self._call(self._all(job, prompts))
+        return job.outcome
 
-    async def _run_batch(
-        self, run: str, prompts: list[Prompt], sampling: SamplingSettings, handover: Handover
-    ) -> BatchOutcome:
-        outcome = BatchOutcome()
-        await asyncio.gather(*(self._one(run, p, sampling, handover, outcome) for p in prompts))
-        return outcome
+    async def _all(self, job: _Job, prompts: list[Prompt]) -> None:
+        await asyncio.gather(*(self._one(job, p) for p in prompts))
 
-    async def _one(
-        self, run: str, prompt: Prompt, sampling: SamplingSettings, handover: Handover, outcome: BatchOutcome
-    ) -> None:
+    async def _one(self, job: _Job, prompt: Prompt) -> None:
+        sampling, budget_retries = job.sampling, 0
+        while True:
+            completion = await self._attempts(job, prompt, sampling, budget_retries)
+            if completion is None or completion.quality is not Quality.TRUNCATED_IN_THINKING:
+                break
+            larger = job.truncation.next_budget(sampling.max_tokens)
+            if larger is None:
+                break
+            sampling = msgspec.structs.replace(sampling, max_tokens=larger)
+            budget_retries += 1
+        if completion is None:
+            return
+        if (
+            completion.quality is Quality.TRUNCATED_IN_THINKING
+            and job.truncation.policy is TruncationPolicy.DROP
+        ):
+            letter = DeadLetter(
+                prompt_id=prompt.id,
+                row=prompt.row,
+                reason=REASON_TRUNCATED,
+                error=f"thinking cut off at max_tokens={sampling.max_tokens}",
+                attempts=completion.attempt,
+            )
+            await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
+            return
+        await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+
+    async def _attempts(
+        self, job: _Job, prompt: Prompt, sampling: SamplingSettings, budget_retries: int
+    ) -> Completion | None:
+        """One answer within the retry policy; None once the prompt is dead-lettered or left pending."""
+        handover, outcome, run = job.handover, job.outcome, job.run
         last_error: InferenceUnavailable | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
@@ -178,7 +253,7 @@ class GenerationEngine:
                     attempts=attempt,
                 )
                 await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
-                return
+                return None
             except InferenceUnavailable as error:
                 last_error = error
                 if self._suspended_because is not None:
@@ -193,14 +268,12 @@ class GenerationEngine:
                         )
                     )
                 continue
-            completion = build_completion(prompt, result, sampling, self._origin, attempt)
-            await self._hand_over(handover.stage, completion, outcome, dead=False)
-            return
+            return build_completion(prompt, result, sampling, self._origin, attempt, budget_retries)
         assert last_error is not None
         outcome.last_error = str(last_error)
         if last_error.server_unreachable or self._suspended_because is not None:
             outcome.unreachable.append(prompt.id)
-            return
+            return None
         letter = DeadLetter(
             prompt_id=prompt.id,
             row=prompt.row,
@@ -209,6 +282,7 @@ class GenerationEngine:
             attempts=self._retry.max_attempts,
         )
         await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
+        return None
 
     async def _chat(self, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
         async with self._window:

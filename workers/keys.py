@@ -74,8 +74,8 @@ class RunKeys:
 
     @property
     def stats(self) -> str:
-        """Hash of running totals over staged completions: completions, tokens, quality:<label>,
-        finish:<reason>, first_completion_at (unix s)."""
+        """Hash of running totals: completions, completion/reasoning/prompt_tokens, quality:<label>,
+        finish:<reason> over staged completions; dead:<reason> over dead letters; first_completion_at."""
         return self._key("stats")
 
     @property
@@ -108,8 +108,13 @@ class RunKeys:
 
     @property
     def paused(self) -> str:
-        """Present while the run is paused: the reason."""
+        """Present while the run is paused: JSON {reason, by, at}. Workers take no batch of it meanwhile."""
         return self._key("paused")
+
+    @property
+    def gate_baseline(self) -> str:
+        """Copy of `stats` taken at the last resume: the quality gate judges only what came after."""
+        return self._key("gate_baseline")
 
     def enqueue_session(self, session_id: str) -> str:
         """Ids added by one enqueue invocation: tells duplicates in the input from ids already there."""

@@ -42,7 +42,9 @@ _DEAD_LETTER = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   return 0
 end
-return redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2])
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[4], 'dead:' .. ARGV[3], 1)
+return 1
 """
 
 # Commit one object: only while holding the upload lock, and only for the expected part number.
@@ -141,8 +143,9 @@ class RunLedger:
         return bool(self._stage(keys=keys, args=args))
 
     def dead_letter(self, letter: DeadLetter) -> bool:
-        keys = [self.keys.done, self.keys.staged, self.keys.dead]
-        return bool(self._dead_letter(keys=keys, args=[letter.prompt_id, msgspec.json.encode(letter)]))
+        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats]
+        args = [letter.prompt_id, msgspec.json.encode(letter), letter.reason]
+        return bool(self._dead_letter(keys=keys, args=args))
 
     def commit(self, *, lock_token: str, part: int, manifest_entry: bytes, prompt_ids: Iterable[str]) -> int:
         keys = [

@@ -56,6 +56,7 @@ COMPLETION_SCHEMA = pa.schema(
         ("origin", pa.struct([("host", pa.string()), ("gpu", pa.int64()), ("server_url", pa.string())])),
         ("attempt", pa.int64()),
         ("spec_accept_length", pa.float64()),
+        ("budget_retries", pa.int64()),
     ]
 )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 import redis
 
@@ -10,6 +12,26 @@ from workers.errors import RunBroken
 from workers.keys import RunKeys
 
 DEFAULT_BATCH_SIZE = 32  # prompts per message: small, so a batch lives far below the visibility timeout
+DEFAULT_GATE_MIN_COMPLETIONS = 200
+DEFAULT_GATE_MAX_EMPTY_ANSWER_RATE = 0.20
+DEFAULT_GATE_MAX_TRUNCATED_RATE = 0.30
+DEFAULT_RETRY_MAX_TOKENS_CAP = 131072
+
+
+class TruncationPolicy(enum.StrEnum):
+    """What to do with a completion whose thinking the budget cut off."""
+
+    KEEP = "keep"  # commit it, labelled truncated_in_thinking
+    DROP = "drop"  # dead-letter the prompt with the reason
+    RETRY = "retry"  # ask again with double the budget, up to the cap; keep what the cap gives
+
+
+class QualityGate(Record, frozen=True):
+    """Pause the run when, over the completions since it last started or resumed, too many are bad."""
+
+    min_completions: int = DEFAULT_GATE_MIN_COMPLETIONS
+    max_empty_answer_rate: float = DEFAULT_GATE_MAX_EMPTY_ANSWER_RATE
+    max_truncated_rate: float = DEFAULT_GATE_MAX_TRUNCATED_RATE  # in thinking and in answer together
 
 
 class RunSettings(Record, frozen=True):
@@ -17,6 +39,9 @@ class RunSettings(Record, frozen=True):
     sampling: SamplingSettings
     output_url: str  # file:///abs/path or s3://bucket/prefix
     batch_size: int = DEFAULT_BATCH_SIZE
+    gate: QualityGate = QualityGate()
+    truncated_thinking: TruncationPolicy = TruncationPolicy.KEEP
+    retry_max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
 
 
 def encode_run_settings(settings: RunSettings) -> bytes:
