@@ -1,0 +1,3 @@
+from inference.simulator.cli import main
+
+raise SystemExit(main())

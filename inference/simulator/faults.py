@@ -1,0 +1,127 @@
+"""Faults on demand: injected errors, hangs, dropped connections, a crash, a whole-server hang.
+
+Set at start from the settings; switched at run time through `POST /admin/faults`. Each chat request
+draws its fate once from a seeded generator (independent of the thinking model, so faults never
+change what a prompt generates).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import random
+import signal
+import sys
+from typing import Any
+
+import msgspec
+
+from inference.simulator.settings import ERROR_STATUS_CHOICES, SimulatorSettings
+
+FAULT_SEED_SALT = 0x5EED_FA17
+CRASH_LOG_MESSAGE = "Simulated crash: SIGKILL after %d chat requests"
+
+
+class Faults(msgspec.Struct, kw_only=True, frozen=True):
+    """The fault switches; the body of `GET /admin/faults` and (partially) of `POST /admin/faults`."""
+
+    error_rate: float = 0.0
+    error_status: int = 500
+    hang_rate: float = 0.0
+    drop_rate: float = 0.0
+    crash_after_requests: int | None = None  # the process dies when chat request N+1 arrives
+    server_hang: bool = False
+
+    def problems(self) -> list[str]:
+        found = [
+            f"{name} must be in [0, 1]"
+            for name in ("error_rate", "hang_rate", "drop_rate")
+            if not 0.0 <= getattr(self, name) <= 1.0
+        ]
+        if self.error_rate + self.hang_rate + self.drop_rate > 1.0:
+            found.append("error_rate + hang_rate + drop_rate must not exceed 1")
+        if self.error_status not in ERROR_STATUS_CHOICES:
+            found.append("error_status must be 500 or 503")
+        if self.crash_after_requests is not None and self.crash_after_requests < 0:
+            found.append("crash_after_requests must be non-negative or null")
+        return found
+
+    @classmethod
+    def from_settings(cls, settings: SimulatorSettings) -> Faults:
+        return cls(
+            error_rate=settings.error_rate,
+            error_status=settings.error_status,
+            hang_rate=settings.hang_rate,
+            drop_rate=settings.drop_rate,
+            crash_after_requests=settings.crash_after_requests,
+            server_hang=settings.server_hang,
+        )
+
+
+class Fate(enum.Enum):
+    NORMAL = "normal"
+    ERROR = "error"
+    HANG = "hang"
+    DROP = "drop"
+
+
+class FaultController:
+    """Holds the current faults, counts chat requests for the crash, and draws each request's fate."""
+
+    def __init__(self, settings: SimulatorSettings) -> None:
+        self._rng = random.Random(settings.seed ^ FAULT_SEED_SALT)
+        self._received = 0
+        self.faults = Faults.from_settings(settings)
+        self._crash_after = (
+            self._received + self.faults.crash_after_requests
+            if self.faults.crash_after_requests is not None
+            else None
+        )
+
+    @property
+    def received(self) -> int:
+        return self._received
+
+    def update(self, changes: dict[str, Any]) -> Faults:
+        """Apply a partial update; raises ValueError (unknown key, bad value). Crash counts restart."""
+        unknown = set(changes) - set(Faults.__struct_fields__)
+        if unknown:
+            raise ValueError(f"unknown fault fields: {sorted(unknown)}")
+        merged = msgspec.structs.asdict(self.faults) | changes
+        try:
+            faults = msgspec.convert(merged, Faults)
+        except msgspec.ValidationError as exc:
+            raise ValueError(str(exc)) from exc
+        problems = faults.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.faults = faults
+        if "crash_after_requests" in changes:
+            self._crash_after = (
+                None if faults.crash_after_requests is None else self._received + faults.crash_after_requests
+            )
+        return faults
+
+    def on_chat_request(self) -> None:
+        """Count a chat request; die like a SIGKILLed server once the crash count is passed."""
+        self._received += 1
+        if self._crash_after is not None and self._received > self._crash_after:
+            logging.getLogger(__name__).error(CRASH_LOG_MESSAGE, self._received - 1)
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def draw(self) -> Fate:
+        faults = self.faults
+        if not (faults.error_rate or faults.hang_rate or faults.drop_rate):
+            return Fate.NORMAL
+        draw = self._rng.random()
+        for fate, rate in (
+            (Fate.ERROR, faults.error_rate),
+            (Fate.HANG, faults.hang_rate),
+            (Fate.DROP, faults.drop_rate),
+        ):
+            if draw < rate:
+                return fate
+            draw -= rate
+        return Fate.NORMAL

@@ -1,0 +1,151 @@
+"""Response bodies: the chat completion, its SSE chunks, usage and `sglext.spec_tokens_details`.
+
+Shapes of `serving_chat.py` / `protocol.py` in SGLang 0.5.23: `id` is the rid, `content` is never
+null, `reasoning_content` is null when empty, `usage.reasoning_tokens` is always present.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from inference.simulator.settings import SimulatorSettings
+
+WEIGHT_VERSION = "default"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": None,
+            "reasoning_tokens": self.reasoning_tokens,
+            "completion_tokens_details": (
+                {"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens > 0 else None
+            ),
+        }
+
+
+def spec_tokens_details(
+    settings: SimulatorSettings, completion_tokens: int, verify_count: int
+) -> dict[str, Any] | None:
+    """Per-request speculative stats (`tokenizer_manager.py`), only when at least one verify ran."""
+    if verify_count <= 0:
+        return None
+    drafts_per_verify = settings.speculative_num_draft_tokens - 1
+    correct = max(0, min(completion_tokens - verify_count, verify_count * drafts_per_verify))
+    histogram = [0] * (drafts_per_verify + 1)
+    low, extra = divmod(correct, verify_count)  # `extra` verifies accepted one more draft
+    histogram[low] += verify_count - extra
+    if extra:
+        histogram[min(low + 1, drafts_per_verify)] += extra
+    accept_length = completion_tokens / verify_count
+    return {
+        "spec_verify_ct": verify_count,
+        "spec_accept_length": accept_length,
+        "spec_accept_rate": correct / (verify_count * drafts_per_verify) if drafts_per_verify else 0.0,
+        "spec_num_correct_drafts": correct,
+        "spec_num_proposed_drafts": verify_count * drafts_per_verify,
+        "spec_correct_drafts_histogram": histogram,
+        "spec_cap_length": settings.speculative_num_draft_tokens,
+        "spec_block_accept_length": accept_length,
+    }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatResult:
+    """Everything a finished request's response is made of."""
+
+    rid: str
+    created: int
+    model: str
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    matched_stop: int | str | None
+    usage: Usage
+    spec_details: dict[str, Any] | None
+
+
+def chat_completion_body(result: ChatResult) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": result.rid,
+        "object": "chat.completion",
+        "created": result.created,
+        "model": result.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": result.content,
+                    "reasoning_content": result.reasoning_content,
+                },
+                "logprobs": None,
+                "finish_reason": result.finish_reason,
+                "matched_stop": result.matched_stop,
+            }
+        ],
+        "usage": result.usage.body(),
+        "metadata": {"weight_version": WEIGHT_VERSION},
+    }
+    if result.spec_details is not None:
+        body["sglext"] = {"spec_tokens_details": result.spec_details}
+    return body
+
+
+def chunk_body(
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    *,
+    finish_reason: str | None = None,
+    matched_stop: int | str | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": matched_stop,
+            }
+        ],
+    }
+
+
+def empty_choices_chunk(rid: str, created: int, model: str, **extra: Any) -> dict[str, Any]:
+    """The trailing `choices: []` chunk that carries `usage` or `sglext`."""
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        **extra,
+    }
+
+
+FIRST_DELTA: dict[str, Any] = {"role": "assistant", "content": "", "reasoning_content": None}
+FINISH_DELTA: dict[str, Any] = {"content": None, "reasoning_content": None}
+
+
+def reasoning_delta(text: str) -> dict[str, Any]:
+    return {"content": None, "reasoning_content": text}
+
+
+def content_delta(text: str) -> dict[str, Any]:
+    return {"content": text, "reasoning_content": None}

@@ -1,0 +1,284 @@
+"""`POST /v1/chat/completions`: validation, faults, scheduling, then a JSON body or an SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from inference.simulator.engine import Phase, QueueFullError, SimRequest
+from inference.simulator.faults import Fate
+from inference.simulator.protocol import (
+    RECORDED_FIELDS,
+    ChatRequest,
+    RequestError,
+    bad_request,
+    http_exception,
+    internal_error,
+    parse_chat_request,
+    validate_chat_request,
+)
+from inference.simulator.request_log import RequestRecord
+from inference.simulator.responses import (
+    FINISH_DELTA,
+    FIRST_DELTA,
+    ChatResult,
+    Usage,
+    chat_completion_body,
+    chunk_body,
+    content_delta,
+    empty_choices_chunk,
+    reasoning_delta,
+    spec_tokens_details,
+)
+from inference.simulator.state import STATE, SimulatorState
+from inference.simulator.thinking import GenerationPlan, messages_hash, plan_generation, render_message
+
+INJECTED_500_MESSAGE = "Simulated fault: the engine raised an error."
+INJECTED_503_MESSAGE = "Simulated fault: the server is temporarily unavailable."
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type="application/json")
+
+
+def _sse(body: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+
+def _drop_connection(http: web.Request) -> web.Response:
+    """Close the socket without (the rest of) a response, like a server dying mid-request."""
+    if http.transport is not None:
+        http.transport.abort()
+    return web.Response()
+
+
+class _ChatCall:
+    """One chat request from arrival to its record in the request log."""
+
+    def __init__(self, state: SimulatorState, http: web.Request) -> None:
+        self.state = state
+        self.http = http
+        self.created = int(time.time())
+
+    async def handle(self) -> web.StreamResponse:
+        received_at = time.time()
+        try:
+            raw, body = parse_chat_request(self.http.content_type, await self.http.read())
+        except RequestError as error:
+            self.state.requests.add(
+                RequestRecord(
+                    rid=uuid.uuid4().hex,
+                    messages_hash="",
+                    max_tokens=None,
+                    max_completion_tokens=None,
+                    sampling={},
+                    stream=False,
+                    status="rejected",
+                    http_status=error.status,
+                    error=error.message,
+                    received_at=received_at,
+                    finished_at=time.time(),
+                )
+            )
+            return json_response(error.body(), error.status)
+        self.state.faults.on_chat_request()
+        record = RequestRecord(
+            rid=body.rid or uuid.uuid4().hex,
+            messages_hash=messages_hash(body.messages),
+            max_tokens=body.max_tokens,
+            max_completion_tokens=body.max_completion_tokens,
+            sampling={key: raw[key] for key in RECORDED_FIELDS if key in raw},
+            stream=body.stream,
+            received_at=received_at,
+        )
+        try:
+            return await self._serve(body, record)
+        except RequestError as error:
+            if record.status == "ok":
+                record.status = "rejected"
+            record.http_status, record.error = error.status, error.message
+            return json_response(error.body(), error.status)
+        except asyncio.CancelledError:
+            if record.status == "ok":
+                record.status = "cancelled"
+            raise
+        finally:
+            record.finished_at = time.time()
+            self.state.requests.add(record)
+
+    async def _serve(self, body: ChatRequest, record: RequestRecord) -> web.StreamResponse:
+        state, settings = self.state, self.state.settings
+        record.prompt_tokens = validate_chat_request(settings, body)
+        if record.rid in state.in_flight:
+            raise bad_request(f"Duplicate request ID detected: {record.rid}")
+        fate = state.faults.draw()
+        if fate is Fate.ERROR:
+            record.status = "error"
+            if state.faults.faults.error_status == web.HTTPServiceUnavailable.status_code:
+                raise http_exception(web.HTTPServiceUnavailable.status_code, INJECTED_503_MESSAGE)
+            raise internal_error(INJECTED_500_MESSAGE)
+        plan = plan_generation(
+            settings,
+            body.messages,
+            body.max_new_tokens,
+            body.enable_thinking,
+            stop=body.stop_strings,
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+            separate_reasoning=body.separate_reasoning,
+            no_stop_trim=body.no_stop_trim,
+        )
+        produce = len(plan.pieces)
+        if fate is Fate.DROP:
+            produce = min(produce, max(1, produce // 2))
+        request = SimRequest(prompt_tokens=record.prompt_tokens, target_tokens=produce, streaming=body.stream)
+        state.in_flight[record.rid] = request
+        submitted = False
+        try:
+            if fate is Fate.HANG:
+                record.status = "hung"
+                await asyncio.get_running_loop().create_future()  # never resolved: the client gives up
+            try:
+                state.engine.submit(request)
+            except QueueFullError as exc:
+                raise http_exception(web.HTTPServiceUnavailable.status_code, str(exc)) from exc
+            submitted = True
+            if body.stream:
+                return await self._stream(body, plan, request, record, drop=fate is Fate.DROP)
+            await request.done.wait()
+            self._settle(plan, request, record)
+            if fate is Fate.DROP:
+                record.status = "dropped"
+                return _drop_connection(self.http)
+            return json_response(chat_completion_body(self._result(body, plan, request, record)))
+        finally:
+            state.in_flight.pop(record.rid, None)
+            if submitted and request.phase is not Phase.FINISHED:
+                state.engine.abort(request)  # the client went away: free the slot, as SGLang does
+            if request.phase is Phase.FINISHED:
+                self._settle(plan, request, record)
+                if state.metrics is not None:
+                    state.metrics.observe_finished(request, record.prompt_tokens, record.completion_tokens)
+
+    def _settle(self, plan: GenerationPlan, request: SimRequest, record: RequestRecord) -> None:
+        """Copy the final counts into the record."""
+        record.completion_tokens = request.final_tokens
+        record.reasoning_tokens = plan.reasoning_tokens(request.final_tokens)
+        record.finish_reason = "abort" if request.aborted else plan.finish_reason
+        record.http_status = record.http_status or 200
+        if request.first_token_wall_s is not None:
+            record.first_token_at = record.received_at + (request.first_token_wall_s - request.arrival_wall_s)
+
+    def _result(
+        self, body: ChatRequest, plan: GenerationPlan, request: SimRequest, record: RequestRecord
+    ) -> ChatResult:
+        produced = request.final_tokens
+        reasoning, content = render_message(plan, produced)
+        details = (
+            spec_tokens_details(self.state.settings, produced, request.verify_count)
+            if body.return_spec_tokens_details
+            else None
+        )
+        return ChatResult(
+            rid=record.rid,
+            created=self.created,
+            model=body.model,
+            reasoning_content=reasoning,
+            content=content,
+            finish_reason="abort" if request.aborted else plan.finish_reason,
+            matched_stop=None if request.aborted else plan.matched_stop,
+            usage=Usage(record.prompt_tokens, produced, plan.reasoning_tokens(produced)),
+            spec_details=details,
+        )
+
+    async def _stream(
+        self,
+        body: ChatRequest,
+        plan: GenerationPlan,
+        request: SimRequest,
+        record: RequestRecord,
+        *,
+        drop: bool,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(self.http)
+        rid, model, created = record.rid, body.model, self.created
+        emitted, started = 0, False
+        held_reasoning: list[str] = []
+        while True:
+            await request.progress.wait()
+            request.progress.clear()
+            produced = self.state.engine.produced(request)
+            if not started and (produced > 0 or request.phase is Phase.FINISHED):
+                started = True
+                await response.write(_sse(chunk_body(rid, created, model, FIRST_DELTA)))
+            if produced > emitted:
+                reasoning, content = plan.split(emitted, produced)
+                emitted = produced
+                if reasoning and body.stream_reasoning:
+                    await response.write(_sse(chunk_body(rid, created, model, reasoning_delta(reasoning))))
+                elif reasoning:
+                    held_reasoning.append(reasoning)
+                if content:
+                    await self._flush_reasoning(response, record, body, held_reasoning)
+                    await response.write(_sse(chunk_body(rid, created, model, content_delta(content))))
+            if request.phase is Phase.FINISHED:
+                break
+        self._settle(plan, request, record)
+        if drop:
+            record.status = "dropped"
+            return _drop_connection(self.http)
+        await self._flush_reasoning(response, record, body, held_reasoning)
+        result = self._result(body, plan, request, record)
+        await response.write(
+            _sse(
+                chunk_body(
+                    rid,
+                    created,
+                    model,
+                    FINISH_DELTA,
+                    finish_reason=result.finish_reason,
+                    matched_stop=result.matched_stop,
+                )
+            )
+        )
+        if result.spec_details is not None:
+            await response.write(
+                _sse(
+                    empty_choices_chunk(
+                        rid, created, model, sglext={"spec_tokens_details": result.spec_details}
+                    )
+                )
+            )
+        if body.include_usage(self.state.settings):
+            await response.write(_sse(empty_choices_chunk(rid, created, model, usage=result.usage.body())))
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
+
+    async def _flush_reasoning(
+        self, response: web.StreamResponse, record: RequestRecord, body: ChatRequest, held: list[str]
+    ) -> None:
+        """With stream_reasoning false, the reasoning goes out in one piece before the content."""
+        if held:
+            text = "".join(held)
+            held.clear()
+            await response.write(
+                _sse(chunk_body(record.rid, self.created, body.model, reasoning_delta(text)))
+            )
+
+
+async def chat_completions(http: web.Request) -> web.StreamResponse:
+    return await _ChatCall(http.app[STATE], http).handle()
+
+
+def add_chat_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)

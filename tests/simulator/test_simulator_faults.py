@@ -1,0 +1,152 @@
+"""Faults on demand: errors, hangs, drops, slow start, crash, whole-server hang; the admin routes."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+
+from inference.simulator import AdminClient, SimulatorProcess, SimulatorSettings
+from tests.simulator.conftest import make_client, user
+from tests.simulator.test_simulator_scheduler import poll_until, send_in_background
+
+SHORT_TIMEOUT_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def faulty_sim() -> Iterator[SimulatorProcess]:
+    with SimulatorProcess(SimulatorSettings(speedup=1000)) as sim:
+        yield sim
+
+
+@pytest.fixture
+def faulty(faulty_sim: SimulatorProcess) -> Iterator[SimulatorProcess]:
+    """The module's simulator, with faults cleared and the request log empty after each test."""
+    yield faulty_sim
+    faulty_sim.admin.clear_faults()
+    faulty_sim.admin.reset_requests()
+
+
+@pytest.mark.parametrize(
+    ("status", "error_class", "error_type"),
+    [
+        (500, openai.InternalServerError, "InternalServerError"),
+        (503, openai.InternalServerError, "503"),
+    ],
+)
+def test_an_injected_error_has_sglangs_status_and_body(
+    faulty: SimulatorProcess, status: int, error_class: type[openai.APIStatusError], error_type: str
+) -> None:
+    faulty.admin.set_faults(error_rate=1.0, error_status=status)
+    with make_client(faulty) as client, pytest.raises(error_class) as caught:
+        client.chat.completions.create(
+            model="default", messages=user("fail"), max_tokens=5, extra_body={"rid": f"fails-{status}"}
+        )
+    assert caught.value.status_code == status
+    assert isinstance(caught.value.body, dict)
+    assert (caught.value.body["type"], caught.value.body["code"], caught.value.body["object"]) == (
+        error_type,
+        status,
+        "error",
+    )
+    [record] = faulty.admin.requests(rid=f"fails-{status}")
+    assert (record.status, record.http_status) == ("error", status)
+
+
+def test_an_error_rate_fails_about_that_fraction(faulty: SimulatorProcess) -> None:
+    faulty.admin.set_faults(error_rate=0.5)
+    failures = 0
+    with make_client(faulty) as client:
+        for index in range(60):
+            try:
+                client.chat.completions.create(model="default", messages=user(f"rate {index}"), max_tokens=2)
+            except openai.InternalServerError:
+                failures += 1
+    assert 15 <= failures <= 45
+
+
+def test_a_hung_request_never_answers(faulty: SimulatorProcess) -> None:
+    faulty.admin.set_faults(hang_rate=1.0)
+    with make_client(faulty, timeout_s=SHORT_TIMEOUT_S) as client, pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(
+            model="default", messages=user("hang"), max_tokens=5, extra_body={"rid": "hangs"}
+        )
+    poll_until(lambda: len(faulty.admin.requests(rid="hangs")) == 1)
+    assert faulty.admin.requests(rid="hangs")[0].status == "hung"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_dropped_request_loses_its_connection(faulty: SimulatorProcess, stream: bool) -> None:
+    faulty.admin.set_faults(drop_rate=1.0)
+    # openai 2.8 raises APIConnectionError before the response, httpx's error when a stream is cut
+    with make_client(faulty) as client, pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)):
+        response = client.chat.completions.create(
+            model="default", messages=user("drop"), max_tokens=200, stream=stream
+        )
+        if stream:
+            list(response)  # type: ignore[arg-type]
+    poll_until(lambda: any(record.status == "dropped" for record in faulty.admin.requests()))
+
+
+def test_a_whole_server_hang_keeps_health_but_produces_no_token(faulty: SimulatorProcess) -> None:
+    # Given a server hung while a request is in flight
+    faulty.admin.set_faults(server_hang=True)
+    with make_client(faulty) as client:
+        call = send_in_background(client, max_tokens=50, rid="frozen")
+        poll_until(lambda: faulty.admin.server_info()["simulator"]["num_queue_reqs"] == 1)
+        # Then /health still says 200 and the request makes no progress
+        assert faulty.admin.health_status() == 200
+        call.join(timeout=SHORT_TIMEOUT_S)
+        assert call.is_alive()
+        # When the hang is switched off, the request completes
+        faulty.admin.set_faults(server_hang=False)
+        call.join(timeout=10)
+    assert call.result is not None and call.result.usage.completion_tokens == 50
+
+
+def test_the_admin_routes_validate_faults_and_reset_the_log(faulty: SimulatorProcess) -> None:
+    response = httpx.post(faulty.url + "/admin/faults", json={"error_rate": 2}, timeout=10)
+    assert response.status_code == 400
+    assert httpx.post(faulty.url + "/admin/faults", json={"nonsense": 1}, timeout=10).status_code == 400
+    with make_client(faulty) as client:
+        for _ in range(3):
+            client.chat.completions.create(model="default", messages=user("same prompt"), max_tokens=2)
+    records = faulty.admin.requests()
+    assert len(records) == 3 and len({record.messages_hash for record in records}) == 1
+    assert faulty.admin.reset_requests() == 3
+    assert faulty.admin.requests() == []
+
+
+def test_a_slow_start_closes_the_port_then_answers_503_until_warm(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    sim = start_simulator(wait=False, load_seconds=1.0, warmup_seconds=1.0)
+    probe = AdminClient(sim.url, timeout_s=2.0)
+    # While loading, the port refuses connections
+    assert probe.health_status() is None
+    # Then, during warm-up, /health is 503 while /model_info already answers
+    poll_until(lambda: probe.health_status() == 503)
+    assert httpx.get(sim.url + "/model_info", timeout=5).status_code == 200
+    # Then it is healthy
+    poll_until(lambda: probe.health_status() == 200)
+
+
+def test_a_crash_after_n_requests_kills_the_process(start_simulator: Callable[..., SimulatorProcess]) -> None:
+    sim = start_simulator(crash_after_requests=2)
+    with make_client(sim) as client:
+        for _ in range(2):
+            assert client.chat.completions.create(model="default", messages=user("ok"), max_tokens=2).choices
+        with pytest.raises(openai.APIConnectionError):
+            client.chat.completions.create(model="default", messages=user("dies"), max_tokens=2)
+    assert sim.wait_for_exit(timeout_s=10) == -signal.SIGKILL
+
+
+def test_a_crash_can_be_armed_while_running(start_simulator: Callable[..., SimulatorProcess]) -> None:
+    sim = start_simulator()
+    sim.admin.set_faults(crash_after_requests=0)
+    with make_client(sim) as client, pytest.raises(openai.APIConnectionError):
+        client.chat.completions.create(model="default", messages=user("dies now"), max_tokens=2)
+    assert sim.wait_for_exit(timeout_s=10) == -signal.SIGKILL

@@ -1,0 +1,135 @@
+"""The throughput model: slots, queue, speedup, aborts and disconnects."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from tests.simulator.conftest import make_client, user
+
+POLL_DEADLINE_S = 10.0
+POLL_INTERVAL_S = 0.01
+
+
+def poll_until(condition: Callable[[], bool], deadline_s: float = POLL_DEADLINE_S) -> None:
+    """Poll `condition` until it holds; fail at the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {deadline_s} s")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def sample_value(exposition: str, name: str) -> float:
+    """The value of the one sample called `name` in a Prometheus text exposition."""
+    [value] = [
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == name
+    ]
+    return value
+
+
+def running_and_queued(sim: SimulatorProcess) -> tuple[int, int]:
+    state = sim.admin.server_info()["simulator"]
+    return state["num_running_reqs"], state["num_queue_reqs"]
+
+
+class Call(threading.Thread):
+    """A chat request on a thread; `result` or `error` once joined."""
+
+    def __init__(self, client: openai.OpenAI, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.client, self.kwargs = client, kwargs
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        extra = {key: self.kwargs.pop(key) for key in ("rid",) if key in self.kwargs}
+        try:
+            self.result = self.client.chat.completions.create(
+                model="default",
+                messages=user(self.kwargs.pop("text", "background")),
+                extra_body=extra,
+                **self.kwargs,
+            )
+        except BaseException as exc:  # reported to the test through .error
+            self.error = exc
+
+
+def send_in_background(client: openai.OpenAI, **kwargs: Any) -> Call:
+    call = Call(client, **kwargs)
+    call.start()
+    return call
+
+
+def test_the_scheduler_runs_at_most_max_running_requests_and_queues_the_rest(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    # Given 4 slots at real speed and 6 long requests
+    sim = start_simulator(max_running_requests=4, speedup=1.0, enable_metrics=True)
+    with make_client(sim) as client:
+        calls = [send_in_background(client, max_tokens=10_000, text=f"slot {index}") for index in range(6)]
+        # Then 4 run and 2 wait, in /server_info and in the metrics
+        poll_until(lambda: running_and_queued(sim) == (4, 2))
+        metrics = httpx.get(sim.url + "/metrics", timeout=10).text
+        assert (
+            'sglang:num_running_reqs{engine_type="unified",model_name="Qwen/Qwen3.6-27B",moe_ep_rank="0",'
+            'pp_rank="0",tp_rank="0"} 4.0' in metrics
+        )
+        assert sample_value(metrics, "sglang:num_queue_reqs") == 2
+        httpx.post(sim.url + "/abort_request", json={"abort_all": True}, timeout=10)
+        for call in calls:
+            call.join(timeout=10)
+            assert call.result is not None and call.result.choices[0].finish_reason == "abort"
+    assert running_and_queued(sim) == (0, 0)
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_throughput_follows_the_model_at_the_speedup(
+    start_simulator: Callable[..., SimulatorProcess], concurrency: int
+) -> None:
+    # A low speedup, so that the clients' staggered start (tens of ms) is small beside the run
+    speedup, tokens = 10.0, 700
+    sim = start_simulator(speedup=speedup)
+    settings: SimulatorSettings = sim.settings
+    predicted = concurrency * settings.accept_length / settings.decode_step_s(concurrency) * speedup
+    with make_client(sim) as client, ThreadPoolExecutor(concurrency) as pool:
+        client.chat.completions.create(model="default", messages=user("warm-up"), max_tokens=1)
+        started = time.monotonic()
+        results = list(
+            pool.map(
+                lambda index: client.chat.completions.create(
+                    model="default",
+                    messages=user(f"rate {index}"),
+                    max_tokens=tokens,
+                    extra_body={"ignore_eos": True},
+                ),
+                range(concurrency),
+            )
+        )
+        elapsed = time.monotonic() - started
+    produced = sum(result.usage.completion_tokens for result in results if result.usage)
+    assert produced == concurrency * tokens
+    assert 0.8 * predicted <= produced / elapsed <= 1.1 * predicted
+
+
+def test_a_client_that_gives_up_frees_its_slot(start_simulator: Callable[..., SimulatorProcess]) -> None:
+    sim = start_simulator(speedup=1.0)
+    with make_client(sim, timeout_s=0.3) as impatient, pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(
+            model="default", messages=user("slow"), max_tokens=10_000, extra_body={"rid": "gave-up"}
+        )
+    poll_until(lambda: running_and_queued(sim) == (0, 0) and len(sim.admin.requests(rid="gave-up")) == 1)
+    [record] = sim.admin.requests(rid="gave-up")
+    assert record.status == "cancelled" and record.completion_tokens > 0
