@@ -1,0 +1,125 @@
+"""SIGKILL of a generate worker mid-batch and of the uploader mid-flush: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from inference.simulator import SimulatorProcess
+from producer.gc import collect_orphans
+from producer.local_stack import wait_until
+from tests.support import datasets
+from tests.support.stack import Stack, simulators
+from workers.ledger import RunLedger
+from workers.manifest import DATA_PREFIX, read_manifest
+from workers.storage import open_store
+
+pytestmark = pytest.mark.integration
+
+SLOW_SPEEDUP = 60.0  # a batch lasts seconds, so a kill lands in the middle of one
+VISIBILITY_TIMEOUT_S = "8"  # a killed worker's batches come back after this
+
+
+@pytest.fixture
+def sims() -> Iterator[list[SimulatorProcess]]:
+    running = simulators(1, speedup=SLOW_SPEEDUP, request_log_size=20_000)
+    yield running
+    for sim in running:
+        sim.stop()
+
+
+@pytest.fixture
+def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterator[Stack]:
+    running = Stack(
+        redis_url,
+        log_dir,
+        sims,
+        extra_env={
+            "DRAFTGEN_VISIBILITY_TIMEOUT_S": VISIBILITY_TIMEOUT_S,
+            "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "1000",
+        },
+    )
+    yield running
+    running.stop()
+
+
+def ok_generations(sim: SimulatorProcess, run: str) -> Counter[str]:
+    return Counter(
+        record.rid.split(":")[1]
+        for record in sim.admin.requests()
+        if record.status == "ok" and record.rid.startswith(run + ":")
+    )
+
+
+def handed_over(ledger: RunLedger) -> set[str]:
+    client = ledger.client
+    done = {raw.decode() for raw in client.smembers(ledger.keys.done)}
+    staged = {raw.decode() for raw in client.zrange(ledger.keys.staged_index, 0, -1)}
+    return done | staged
+
+
+def test_a_generate_worker_killed_mid_batch_loses_only_its_requests_in_flight(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a run in progress on one GPU
+    stack.start_generator(0)
+    stack.start_uploader()
+    data = datasets.write_jsonl(
+        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(160, "kill")]
+    )
+    run = "kill-generate"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
+    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
+    wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
+    # When its worker is SIGKILLed mid-batch, then started again
+    stack.generators[0].kill()
+    before_kill = handed_over(ledger)
+    assert len(before_kill) < 160, "the kill came too late to land mid-run"
+    stack.start_generator(0)
+    stack.wait_finished(run, timeout_s=120)
+    # Then verify passes, and no completion handed over before the kill was generated again
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    generations = ok_generations(stack.sims[0], run)
+    assert {prompt_id: generations[prompt_id] for prompt_id in before_kill} == dict.fromkeys(before_kill, 1)
+
+
+def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its_orphan(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a run whose manifest cannot be written yet (a file sits where the manifest folder goes),
+    # so the uploader's flush writes its data object and fails before committing it
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "manifest").write_text("in the way")
+    stack.start_generator(0)
+    stack.start_uploader()
+    data = datasets.write_jsonl(
+        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(200, "up")]
+    )
+    run = "kill-uploader"
+    stack.enqueue(data, run, "--output", str(output), "--batch-size", "16")
+    store = open_store(output.as_uri())
+    wait_until(lambda: any(True for _ in store.list(DATA_PREFIX)), timeout_s=60, what="a data object written")
+    # When the uploader is SIGKILLed mid-flush, the obstacle is removed, and the uploader restarts
+    assert stack.uploader is not None
+    stack.uploader.kill()
+    written_before_kill = {info.key for info in store.list(DATA_PREFIX)}
+    assert RunLedger(redis.Redis.from_url(stack.redis_url), run).counts().done == 0
+    (output / "manifest").unlink()
+    stack.start_uploader()
+    stack.wait_finished(run, timeout_s=120)
+    # Then every prompt is committed exactly once
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    # And the object of the interrupted flush is an orphan that gc removes, leaving verify green
+    committed = {entry.key for entry in read_manifest(store)}
+    orphans = written_before_kill - committed
+    assert orphans
+    report = collect_orphans(store, min_age_s=0)
+    assert set(report.removed) == orphans
+    assert stack.verify(run).returncode == 0
