@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import sys
@@ -19,12 +20,14 @@ from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
 from workers.keys import RunKeys, check_run_name
+from workers.manifest import committed_locations
 from workers.runs import RunSettings, TruncationPolicy, decode_run_settings
+from workers.settings import WorkerSettings
 from workers.storage import open_store
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("producer.demo",)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -35,6 +38,8 @@ HELP_EPILOG = """examples:
   python -m producer enqueue s3://bucket/data/train.parquet --run qwen-think-v1   # again: adds only new
   python -m producer verify --run qwen-think-v1
   python -m producer gc --run qwen-think-v1 --dry-run
+  python -c "import pandas as pd, sys; print(pd.concat(map(pd.read_parquet, sys.argv[1:])))" \
+      $(python -m producer files --run qwen-think-v1)
 """
 
 
@@ -122,13 +127,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true")
     gc.set_defaults(handler=cmd_gc)
+    files = commands.add_parser(
+        "files", help="list the committed objects (the only ones to read), one per line"
+    )
+    files.add_argument("--run", required=True)
+    files.set_defaults(handler=cmd_files)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(commands)
     return parser
 
 
+def _redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
+    url: str = args.redis_url or settings.redis_url
+    return url
+
+
 def _redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
-    return redis.Redis.from_url(args.redis_url or settings.redis_url)
+    return redis.Redis.from_url(_redis_url(args, settings))
 
 
 def _pinned(client: redis.Redis, run: str) -> RunSettings | None:
@@ -159,7 +174,7 @@ def _print_enqueue_report(report: EnqueueReport) -> None:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    from workers.app import GENERATE_TASK, app  # the Celery app only where messages are sent
+    from workers.app import GENERATE_TASK, make_app  # the Celery app only where messages are sent
 
     run = check_run_name(args.run)
     client = _redis(args, settings)
@@ -194,6 +209,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
     pinned = pin_settings(client, given)
 
+    app = make_app(dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings)))
+
     def publish(run_name: str, batch_id: str) -> None:
         app.send_task(GENERATE_TASK, args=[run_name, batch_id])
 
@@ -211,6 +228,14 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
     for line in describe(report):
         print(line)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = _redis(args, settings)
+    pinned = _require_run(client, check_run_name(args.run))
+    for location in committed_locations(pinned.output_url):
+        print(location)
+    return EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from inference.records import Record
-from workers.storage import ObjectStore
+from workers.storage import ObjectStore, open_store
 
 MANIFEST_PREFIX = "manifest/"
 DATA_PREFIX = "data/"
@@ -46,3 +46,9 @@ def decode_entry(raw: bytes) -> ManifestEntry:
 def read_manifest(store: ObjectStore) -> list[ManifestEntry]:
     entries = [decode_entry(store.get(info.key)) for info in store.list(MANIFEST_PREFIX)]
     return sorted(entries, key=lambda entry: entry.part)
+
+
+def committed_locations(output_url: str) -> list[str]:
+    """Where each committed object lives, as a path (folder output) or an s3:// URL, in part order."""
+    base = output_url.removeprefix("file://").rstrip("/")
+    return [f"{base}/{entry.key}" for entry in read_manifest(open_store(output_url))]

@@ -1,0 +1,176 @@
+"""`python -m producer demo`: the whole pipeline on this machine, with simulated GPUs.
+
+Starts redis-server (the shipped config), one simulated SGLang server per GPU, a generate worker
+per GPU, the uploader and Flower; enqueues the bundled sample; waits; verifies; says where to look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from producer.local_stack import (
+    PROJECT_ROOT,
+    ManagedProcess,
+    flower_process,
+    free_port,
+    http_ok,
+    start_celery_worker,
+    start_redis,
+    worker_env,
+)
+from producer.settings import ProducerSettings
+from workers.ledger import RunLedger
+
+SAMPLE_DATA = PROJECT_ROOT / "producer" / "data" / "sample.jsonl"
+DEFAULT_WORKDIR = Path(".demo")
+DEFAULT_GPUS = 2
+DEFAULT_SPEEDUP = 20.0  # the sample's ~700k output tokens take ~20 s instead of ~3 minutes on two GPUs
+DEFAULT_REDIS_PORT = 6390  # not 6379: never touch a Redis the user already runs
+DEFAULT_FLOWER_PORT = 5555
+DEFAULT_SERVER_BASE_PORT = 30000
+RUN_TIMEOUT_S = 600.0
+PROGRESS_POLL_S = 0.5
+DEMO_WORKER_ENV = {"DRAFTGEN_UPLOAD_MAX_AGE_S": "5", "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100"}
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def port_or_free(preferred: int) -> int:
+    """The preferred port when nothing listens there, else any free one."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_port()
+    return preferred
+
+
+@dataclass
+class DemoStack:
+    workdir: Path
+    processes: list[ManagedProcess] = field(default_factory=list)
+    simulators: list[SimulatorProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        for sim in self.simulators:
+            sim.stop()
+
+
+@contextlib.contextmanager
+def running_stack(args: argparse.Namespace, console: Console) -> Iterator[tuple[DemoStack, str, int]]:
+    workdir: Path = args.workdir.resolve()
+    logs = workdir / "logs"
+    stack = DemoStack(workdir)
+    try:
+        redis_port = port_or_free(args.redis_port)
+        stack.processes.append(start_redis(redis_port, workdir / "redis", logs))
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        console.print(f"redis-server      {redis_url} (AOF in {workdir / 'redis'})")
+        for gpu in range(args.gpus):
+            port = port_or_free(DEFAULT_SERVER_BASE_PORT + gpu)
+            sim_settings = SimulatorSettings(port=port, speedup=args.speedup, enable_metrics=True)
+            stack.simulators.append(SimulatorProcess(sim_settings, keep_port=True).start())
+            console.print(
+                f"GPU {gpu}             simulated SGLang at http://127.0.0.1:{port} (x{args.speedup:g} speed)"
+            )
+        for gpu, sim in enumerate(stack.simulators):
+            env = worker_env(
+                redis_url, {**DEMO_WORKER_ENV, "DRAFTGEN_SERVER_URL": sim.url, "DRAFTGEN_GPU": str(gpu)}
+            )
+            stack.processes.append(start_celery_worker(f"gen{gpu}", "generate", env, logs))
+        stack.processes.append(
+            start_celery_worker(
+                "upload", "upload", worker_env(redis_url, DEMO_WORKER_ENV), logs, concurrency=1
+            )
+        )
+        console.print(f"workers           {args.gpus} generate + 1 uploader (logs in {logs})")
+        flower_port = port_or_free(args.flower_port)
+        flower = flower_process(flower_port, worker_env(redis_url), logs).start()
+        stack.processes.append(flower)
+        flower.wait_ready(lambda: http_ok(f"http://127.0.0.1:{flower_port}/healthcheck"))
+        console.print(f"Flower            http://127.0.0.1:{flower_port}")
+        yield stack, redis_url, flower_port
+    finally:
+        stack.stop()
+
+
+def wait_for_run(client: redis.Redis, run: str, console: Console) -> None:
+    ledger = RunLedger(client, run)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("committed", total=ledger.counts().enqueued)
+        while True:
+            counts = ledger.counts()
+            progress.update(task, completed=counts.done + counts.dead)
+            if counts.remaining == 0 and counts.staged == 0:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run} did not finish in {RUN_TIMEOUT_S:.0f} s: {counts}")
+            time.sleep(PROGRESS_POLL_S)
+
+
+def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    from producer.cli import main as producer_main  # the real commands, as a user would type them
+
+    console = Console(soft_wrap=True)
+    run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
+    output = (args.workdir / "output").resolve()
+    with running_stack(args, console) as (stack, redis_url, flower_port):
+        console.print(f"\n$ python -m producer enqueue {args.data} --run {run} --output {output}")
+        enqueue_args = [
+            "--redis-url",
+            redis_url,
+            "enqueue",
+            str(args.data),
+            "--run",
+            run,
+            "--output",
+            str(output),
+        ]
+        if producer_main(enqueue_args) != 0:
+            return EXIT_FAILED
+        wait_for_run(redis.Redis.from_url(redis_url), run, console)
+        console.print(f"\n$ python -m producer verify --run {run}")
+        verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
+        console.print(
+            f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
+            f"         python -m producer --redis-url {redis_url} files --run {run}   # the objects to read\n"
+            f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
+            f"Logs:    {stack.workdir / 'logs'}"
+        )
+        if args.exit:
+            return EXIT_OK if verified == 0 else EXIT_FAILED
+        console.print("\nEverything is still running so you can look around. Press Ctrl-C to stop.")
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(1)
+    return EXIT_OK if verified == 0 else EXIT_FAILED
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser("demo", help="run the whole pipeline locally on simulated GPUs")
+    demo.add_argument(
+        "--data", type=Path, default=SAMPLE_DATA, help="prompts to run (default: the bundled sample)"
+    )
+    demo.add_argument("--run", help="run name (default: demo-<date>-<time>)")
+    demo.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="simulated GPUs (default 2)")
+    demo.add_argument("--speedup", type=float, default=DEFAULT_SPEEDUP, help="simulator speed factor")
+    demo.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="Redis data, logs, output")
+    demo.add_argument("--redis-port", type=int, default=DEFAULT_REDIS_PORT)
+    demo.add_argument("--flower-port", type=int, default=DEFAULT_FLOWER_PORT)
+    demo.add_argument("--exit", action="store_true", help="stop everything after verify instead of waiting")
+    demo.set_defaults(handler=cmd_demo)
