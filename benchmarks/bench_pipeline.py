@@ -1,0 +1,202 @@
+"""Saturation: does the pipeline keep a server's slots full across batch boundaries?
+
+One simulated server (48 slots, the default thinking-length mix), the same prompts for every client,
+side by side in one run:
+  - capacity: the server's own output tokens/s with every slot busy (stated by the simulator);
+  - asyncio-48: a plain asyncio client with a fixed 48-request window (what peer scripts do);
+  - one-batch: a generate worker that holds one batch of 48 at a time (slots drain at each batch's tail);
+  - pipeline: the default generate worker (batches of 32, 3 held, one shared 48-request window).
+Steady-state throughput is measured from the server's request log, over the span in which requests
+were still arriving (every client drains at the very end; that tail is reported apart as makespan).
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--prompts 480] [--speedup 20]
+
+Last line: saturation=<pipeline steady tokens/s ÷ capacity>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inference.client import build_request
+from inference.records import Message, Prompt, SamplingSettings
+from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
+from producer.enqueue import Enqueuer, pin_settings
+from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
+from workers.app import GENERATE_TASK, make_app
+from workers.ledger import RunLedger
+from workers.runs import RunSettings
+from workers.settings import WorkerSettings
+
+WINDOW = 48
+WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots
+RUN_TIMEOUT_S = 900.0
+SAMPLING = SamplingSettings(model="bench", max_tokens=32768)
+
+
+def bench_prompts(count: int) -> list[Prompt]:
+    return [
+        Prompt(
+            id=f"b{i}",
+            messages=[Message(role="user", content=f"Benchmark question {i}: explain step by step.")],
+        )
+        for i in range(count)
+    ]
+
+
+@dataclass
+class Measured:
+    name: str
+    steady_tokens_per_s: float
+    makespan_s: float
+    total_tokens: int
+
+    def row(self, capacity: float) -> str:
+        ideal_s = self.total_tokens / capacity
+        return (
+            f"{self.name:<12} {self.steady_tokens_per_s:>12.0f} {self.steady_tokens_per_s / capacity:>10.3f}"
+            f" {self.makespan_s:>10.1f} {self.makespan_s / ideal_s:>10.3f}"
+        )
+
+
+def measure(name: str, records: list[RequestRecord]) -> Measured:
+    """Tokens produced while requests were still arriving, per second; tokens spread evenly over each
+    request's decode span."""
+    done = [r for r in records if r.status == "ok" and r.finished_at is not None]
+    start = min(r.received_at for r in done)
+    last_arrival = max(r.received_at for r in done)
+    end = max(r.finished_at for r in done if r.finished_at is not None)
+    window_start = start + WARMUP_FRACTION * (last_arrival - start)
+    produced = 0.0
+    for record in done:
+        first = record.first_token_at or record.received_at
+        finished = record.finished_at or first
+        span = max(finished - first, 1e-9)
+        overlap = max(0.0, min(finished, last_arrival) - max(first, window_start))
+        produced += record.completion_tokens * overlap / span
+    return Measured(
+        name=name,
+        steady_tokens_per_s=produced / (last_arrival - window_start),
+        makespan_s=end - start,
+        total_tokens=sum(r.completion_tokens for r in done),
+    )
+
+
+async def asyncio_client(sim: SimulatorProcess, prompts: list[Prompt]) -> None:
+    client = openai.AsyncOpenAI(base_url=sim.base_url, api_key="x", max_retries=0, timeout=RUN_TIMEOUT_S)
+    window = asyncio.Semaphore(WINDOW)
+
+    async def one(prompt: Prompt) -> None:
+        async with window:
+            await client.chat.completions.create(
+                **build_request(prompt.messages, SAMPLING, f"asyncio:{prompt.id}")
+            )
+
+    await asyncio.gather(*(one(p) for p in prompts))
+    await client.close()
+
+
+def pipeline_run(
+    sim: SimulatorProcess,
+    redis_url: str,
+    logs: Path,
+    prompts: list[Prompt],
+    *,
+    run: str,
+    batch_size: int,
+    held: int,
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    env = worker_env(
+        redis_url,
+        {
+            "DRAFTGEN_SERVER_URL": sim.url,
+            "DRAFTGEN_BATCHES_IN_FLIGHT": str(held),
+            "DRAFTGEN_MAX_IN_FLIGHT": str(WINDOW),
+        },
+    )
+    generator = start_celery_worker(f"bench-{run}", "generate", env, logs)
+    uploader = start_celery_worker(f"bench-{run}-up", "upload", worker_env(redis_url), logs, concurrency=1)
+    try:
+        settings = RunSettings(
+            run=run, sampling=SAMPLING, output_url=(logs / run).as_uri(), batch_size=batch_size
+        )
+        app = make_app(WorkerSettings(redis_url=redis_url))
+        Enqueuer(
+            client,
+            pin_settings(client, settings),
+            lambda r, b: app.send_task(GENERATE_TASK, args=[r, b]),
+            source="bench",
+        ).enqueue(prompts)
+        ledger = RunLedger(client, run)
+        wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{run} to finish")
+    finally:
+        generator.stop()
+        uploader.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--prompts", type=int, default=480)
+    parser.add_argument("--speedup", type=float, default=20.0)
+    args = parser.parse_args()
+    prompts = bench_prompts(args.prompts)
+    with tempfile.TemporaryDirectory() as scratch:
+        logs = Path(scratch)
+        redis_process = start_redis(free_port(), logs / "redis", logs)
+        redis_url = f"redis://127.0.0.1:{redis_process.argv[redis_process.argv.index('--port') + 1]}/0"
+        settings = SimulatorSettings(
+            speedup=args.speedup, max_running_requests=WINDOW, request_log_size=100_000
+        )
+        results: list[Measured] = []
+        try:
+            with SimulatorProcess(settings) as sim:
+                capacity = settings.capacity_output_tokens_per_wall_s()
+                runs = [
+                    ("asyncio-48", lambda: asyncio.run(asyncio_client(sim, prompts))),
+                    (
+                        "one-batch",
+                        lambda: pipeline_run(
+                            sim, redis_url, logs, prompts, run="one-batch", batch_size=WINDOW, held=1
+                        ),
+                    ),
+                    (
+                        "pipeline",
+                        lambda: pipeline_run(
+                            sim, redis_url, logs, prompts, run="pipeline", batch_size=32, held=3
+                        ),
+                    ),
+                ]
+                for name, go in runs:
+                    sim.admin.reset_requests()
+                    started = time.monotonic()
+                    go()
+                    print(f"{name}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+                    results.append(measure(name, sim.admin.requests()))
+        finally:
+            redis_process.stop()
+    print(f"{args.prompts} prompts, default length mix, speedup {args.speedup:g}, 48 slots")
+    print(f"capacity: {capacity:.0f} output tokens/s (wall) with every slot busy")
+    print(f"{'client':<12} {'steady tok/s':>12} {'÷ capacity':>10} {'makespan s':>10} {'÷ ideal':>10}")
+    for measured in results:
+        print(measured.row(capacity))
+    pipeline = next(m for m in results if m.name == "pipeline")
+    print(f"saturation={pipeline.steady_tokens_per_s / capacity:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
