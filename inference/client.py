@@ -75,6 +75,8 @@ def build_request(messages: list[Message], sampling: SamplingSettings, rid: str)
 def error_message(error: openai.APIStatusError) -> str:
     """SGLang's error text: its bodies are `{"object":"error","message":…}` or `{"error":…}`."""
     body = error.body
+    if isinstance(body, str) and body:
+        return body  # the openai client unwraps {"error": "Unauthorized"} to its value
     if isinstance(body, dict):
         nested = body.get("error")
         if isinstance(nested, dict) and "message" in nested:

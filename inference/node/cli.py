@@ -12,6 +12,7 @@ from typing import Any
 from inference.node.command import build_commands
 from inference.node.errors import NodeError, ServerExited, ServerNotReady, SettingsError
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
+from inference.node.preflight_cli import register_preflight
 from inference.node.progress import RichStageProgress
 from inference.node.readiness import DEFAULT_PROBE_INTERVAL_S, Probe, ReadinessTarget, wait_until_ready
 from inference.node.settings import (
@@ -100,6 +101,7 @@ def register(subparsers: Any) -> None:
     wait.add_argument("--model", default="default", help="the model name to send (SGLang does not check it)")
     _add_api_key_arguments(wait)
     wait.set_defaults(handler=wait_command)
+    register_preflight(subparsers)
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
