@@ -5,7 +5,7 @@ side by side in one run:
   - capacity: the server's own output tokens/s with every slot busy (stated by the simulator);
   - asyncio-48: a plain asyncio client with a fixed 48-request window (what peer scripts do);
   - one-batch: a generate worker that holds one batch of 48 at a time (slots drain at each batch's tail);
-  - pipeline: the default generate worker (batches of 32, 3 held, one shared 48-request window).
+  - pipeline: the default generate worker (batches of 32, 8 held, one shared 48-request window).
 Steady-state throughput is measured from the server's request log, over the span in which requests
 were still arriving (every client drains at the very end; that tail is reported apart as makespan).
 
@@ -36,8 +36,8 @@ from producer.enqueue import Enqueuer, pin_settings
 from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from workers.app import GENERATE_TASK, make_app
 from workers.ledger import RunLedger
-from workers.runs import RunSettings
-from workers.settings import WorkerSettings
+from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
+from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots
@@ -176,7 +176,13 @@ def main() -> int:
                     (
                         "pipeline",
                         lambda: pipeline_run(
-                            sim, redis_url, logs, prompts, run="pipeline", batch_size=32, held=3
+                            sim,
+                            redis_url,
+                            logs,
+                            prompts,
+                            run="pipeline",
+                            batch_size=DEFAULT_BATCH_SIZE,
+                            held=DEFAULT_BATCHES_IN_FLIGHT,
                         ),
                     ),
                 ]

@@ -15,7 +15,10 @@ DEFAULT_SERVER_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = 30000  # SGLang's default port; GPU i listens on base + i
 DEFAULT_MAX_IN_FLIGHT = 48  # requests kept at the server: its --max-running-requests
 DEFAULT_MAX_ATTEMPTS = 3
-DEFAULT_BATCHES_IN_FLIGHT = 3  # with batches of 32 and 48 slots: the next batch is ready as one drains
+# Batches held at once. A batch lives as long as its slowest prompt, and several held batches can be
+# in their tails together: hold ~5 windows of prompts (8 x 32 for 48 slots) so the window never starves.
+# Measured (benchmarks/bench_pipeline.py): 3 x 32 kept 0.80 of capacity, 6 x 32 kept 0.999.
+DEFAULT_BATCHES_IN_FLIGHT = 8
 DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see README "Failures"
 DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
 DEFAULT_UPLOAD_MAX_COMPLETIONS = 1000
@@ -25,6 +28,20 @@ DEFAULT_UPLOAD_LOCK_S = 300.0
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_CAP_S = 60.0
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back
+DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
+# Liveness (docs/liveness.md): a server with requests running and no token progress for this long is hung.
+# SGLang 0.5.23 counts decode tokens per forward pass (realtime_tokens_total): with anything running it
+# moves every few seconds. 300 s is far above that, above a 40k-token prefill or a first batch's warm-up,
+# and a real hang costs at most 5 minutes of one GPU; a false alarm costs up to 48 abandoned requests.
+DEFAULT_LIVENESS_STALL_S = 300.0
+# A server exporting only completion counters (the simulator, older SGLang) shows progress only when a
+# request finishes. With 48 running they finish about once a second, but a run's first 48 requests start
+# together, and if all think long (40,960-token context at ~48 tokens/s each: ~14 min) none finishes for
+# minutes. The window must exceed the longest legitimate request, and the client's own 1200 s timeout.
+DEFAULT_LIVENESS_COMPLETION_STALL_S = 1500.0
+
+
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
 def _redact_url(url: str) -> str:
@@ -60,6 +77,11 @@ class WorkerSettings:
     unacked_restore_interval_s: int = DEFAULT_UNACKED_RESTORE_INTERVAL_S
     hostname: str = field(default_factory=socket.gethostname)
     upload: UploadSettings = field(default_factory=UploadSettings)
+    liveness_enabled: bool = True
+    liveness_poll_s: float = DEFAULT_LIVENESS_POLL_S
+    liveness_stall_s: float = DEFAULT_LIVENESS_STALL_S
+    liveness_completion_stall_s: float = DEFAULT_LIVENESS_COMPLETION_STALL_S
+    server_restart_command: str | None = None  # e.g. "systemctl restart draftgen-sglang@0"; run on a hang
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(
@@ -119,4 +141,11 @@ class WorkerSettings:
                 max_age_s=float(get("UPLOAD_MAX_AGE_S") or upload_defaults.max_age_s),
                 lock_s=float(get("UPLOAD_LOCK_S") or upload_defaults.lock_s),
             ),
+            liveness_enabled=(get("LIVENESS_ENABLED") or "1").strip().lower() not in _FALSE_WORDS,
+            liveness_poll_s=float(get("LIVENESS_POLL_S") or defaults.liveness_poll_s),
+            liveness_stall_s=float(get("LIVENESS_STALL_S") or defaults.liveness_stall_s),
+            liveness_completion_stall_s=float(
+                get("LIVENESS_COMPLETION_STALL_S") or defaults.liveness_completion_stall_s
+            ),
+            server_restart_command=get("SERVER_RESTART_COMMAND"),
         )
