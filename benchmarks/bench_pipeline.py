@@ -34,7 +34,8 @@ from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
-from workers.app import GENERATE_TASK, make_app
+from producer.publisher import BatchPublisher
+from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
@@ -132,13 +133,9 @@ def pipeline_run(
         settings = RunSettings(
             run=run, sampling=SAMPLING, output_url=(logs / run).as_uri(), batch_size=batch_size
         )
-        app = make_app(WorkerSettings(redis_url=redis_url))
-        Enqueuer(
-            client,
-            pin_settings(client, settings),
-            lambda r, b: app.send_task(GENERATE_TASK, args=[r, b]),
-            source="bench",
-        ).enqueue(prompts)
+        publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
+        Enqueuer(client, pin_settings(client, settings), publisher, source="bench").enqueue(prompts)
+        publisher.close()
         ledger = RunLedger(client, run)
         wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{run} to finish")
     finally:

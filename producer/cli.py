@@ -27,7 +27,7 @@ from workers.storage import open_store
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
-COMMAND_MODULES: tuple[str, ...] = ("producer.demo",)
+COMMAND_MODULES: tuple[str, ...] = ("producer.demo", "producer.report_cli", "producer.status_cli")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -174,7 +174,8 @@ def _print_enqueue_report(report: EnqueueReport) -> None:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    from workers.app import GENERATE_TASK, make_app  # the Celery app only where messages are sent
+    from producer.publisher import BatchPublisher  # Celery only where messages are sent
+    from workers.app import make_app
 
     run = check_run_name(args.run)
     client = _redis(args, settings)
@@ -209,12 +210,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
     pinned = pin_settings(client, given)
 
-    app = make_app(dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings)))
-
-    def publish(run_name: str, batch_id: str) -> None:
-        app.send_task(GENERATE_TASK, args=[run_name, batch_id])
-
-    report = Enqueuer(client, pinned, publish, source=args.data).enqueue(items)
+    publisher = BatchPublisher(
+        make_app(dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings)))
+    )
+    try:
+        report = Enqueuer(client, pinned, publisher, source=args.data).enqueue(items)
+    finally:
+        publisher.close()
     print(f"run {run}: output {pinned.output_url}")
     _print_enqueue_report(report)
     return EXIT_OK

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -26,7 +26,7 @@ from workers.runs import RunSettings, decode_run_settings, differences, encode_r
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[str, str], None]  # (run, batch_id): send the batch's message
+Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each batch's message
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 SESSION_TTL_S = 24 * 3600
 MAX_REJECTIONS_SHOWN = 20
@@ -63,10 +63,16 @@ def republish_outbox(client: redis.Redis, run: str, publish: Publish) -> int:
     """Publish batches a crashed enqueue stored but may not have published (duplicates are harmless)."""
     keys = RunKeys(run)
     batch_ids = [raw.decode() for raw in client.smembers(keys.unpublished)]
-    for batch_id in batch_ids:
-        if client.exists(keys.batch(batch_id)):
-            publish(run, batch_id)
-        client.srem(keys.unpublished, batch_id)
+    if not batch_ids:
+        return 0
+    with client.pipeline(transaction=False) as pipe:
+        for batch_id in batch_ids:
+            pipe.exists(keys.batch(batch_id))
+        still_stored = [
+            batch_id for batch_id, exists in zip(batch_ids, pipe.execute(), strict=True) if exists
+        ]
+    publish(run, still_stored)
+    client.srem(keys.unpublished, *batch_ids)
     return len(batch_ids)
 
 
@@ -116,8 +122,7 @@ class Enqueuer:
                 pipe.set(self.keys.batch(batch.batch_id), encode_blob(batch))
             pipe.sadd(self.keys.unpublished, *(b.batch_id for b in batches))
             pipe.execute()
-        for batch in batches:
-            self.publish(self.settings.run, batch.batch_id)
+        self.publish(self.settings.run, [batch.batch_id for batch in batches])
         self.client.srem(self.keys.unpublished, *(b.batch_id for b in batches))
         report.new += len(new)
         report.batches += len(batches)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,11 @@ class RecordingPublisher:
         self.published: list[str] = []
         self.fail_after = fail_after
 
-    def __call__(self, run: str, batch_id: str) -> None:
-        if self.fail_after is not None and len(self.published) >= self.fail_after:
-            raise ConnectionError("broker went away")
-        self.published.append(batch_id)
+    def __call__(self, run: str, batch_ids: Sequence[str]) -> None:
+        for batch_id in batch_ids:
+            if self.fail_after is not None and len(self.published) >= self.fail_after:
+                raise ConnectionError("broker went away")
+            self.published.append(batch_id)
 
 
 def settings(batch_size: int = 4, **sampling: object) -> RunSettings:

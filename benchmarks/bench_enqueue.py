@@ -1,0 +1,125 @@
+"""Enqueue throughput and footprint: 1M prompts, streamed, into a fresh redis-server.
+
+Reports wall time, the producer's peak memory at 100k and at the full count (flat means streamed),
+and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed).
+
+    .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000]
+
+Last line: enqueue_1m_s=<seconds for the full count, scaled to 1M rows if --rows differs>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from producer.local_stack import PROJECT_ROOT, free_port, start_redis
+
+ONE_MILLION = 1_000_000
+SMALL_ROWS = 100_000
+WORDS = (
+    "explain",
+    "why",
+    "the",
+    "proof",
+    "of",
+    "a",
+    "theorem",
+    "holds",
+    "in",
+    "every",
+    "case",
+    "with",
+    "code",
+)
+TIME_BIN = "/usr/bin/time"
+
+
+def write_dataset(path: Path, rows: int) -> int:
+    """A JSONL of varied prompts (~200 bytes each); returns the raw bytes of all prompt texts."""
+    rng = random.Random(0)
+    raw = 0
+    with path.open("w") as handle:
+        for i in range(rows):
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 45)))
+            raw += len(text.encode())
+            handle.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": text}]}) + "\n")
+    return raw
+
+
+def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
+    """Wall seconds and peak RSS (KiB) of `python -m producer enqueue`."""
+    command = [
+        sys.executable,
+        "-m",
+        "producer",
+        "--redis-url",
+        redis_url,
+        "enqueue",
+        str(data),
+        "--run",
+        run,
+        "--output",
+        str(data.parent / "out"),
+    ]
+    if Path(TIME_BIN).exists():
+        command = [TIME_BIN, "-v", *command]
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    elapsed = time.monotonic() - started
+    match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
+    return elapsed, int(match.group(1)) if match else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=ONE_MILLION)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        small, full = root / "small.jsonl", root / "full.jsonl"
+        write_dataset(small, min(SMALL_ROWS, args.rows))
+        raw_bytes = write_dataset(full, args.rows)
+        process = start_redis(free_port(), root / "redis", root)
+        port = process.argv[process.argv.index("--port") + 1]
+        redis_url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(redis_url)
+        try:
+            small_s, small_rss = enqueue(small, redis_url, "small")
+            client.flushall()
+            before = int(client.info("memory")["used_memory"])
+            full_s, full_rss = enqueue(full, redis_url, "full")
+            after = int(client.info("memory")["used_memory"])
+        finally:
+            process.stop()
+    per_prompt = (after - before) / args.rows
+    raw_per_prompt = raw_bytes / args.rows
+    print(f"rows                     {args.rows:,} (~{raw_per_prompt:.0f} bytes of prompt text each)")
+    print(f"enqueue wall time        {full_s:.1f} s  ({args.rows / full_s:,.0f} prompts/s)")
+    print(
+        f"producer peak RSS        {small_rss / 1024:.0f} MiB at {min(SMALL_ROWS, args.rows):,} rows, "
+        f"{full_rss / 1024:.0f} MiB at {args.rows:,} rows  (small run took {small_s:.1f} s)"
+    )
+    print(
+        f"Redis memory per prompt  {per_prompt:.0f} bytes ({per_prompt / raw_per_prompt:.2f} x its raw text, "
+        "ids and queue included)"
+    )
+    print(f"enqueue_1m_s={full_s * ONE_MILLION / args.rows:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
