@@ -7,11 +7,11 @@ import dataclasses
 import importlib
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import redis
 
+from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.errors import ProducerError, RunNotFound
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S, collect_orphans
@@ -44,23 +44,11 @@ HELP_EPILOG = """examples:
 
 
 def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("generation settings (pinned at the run's first enqueue)")
-    group.add_argument("--config", type=Path, help="TOML file with these settings (options override it)")
-    group.add_argument("--model", help="model name sent in every request (the server's served name)")
-    group.add_argument("--temperature", type=float)
-    group.add_argument("--top-p", dest="top_p", type=float)
-    group.add_argument("--top-k", dest="top_k", type=int)
-    group.add_argument("--min-p", dest="min_p", type=float)
-    group.add_argument("--max-tokens", dest="max_tokens", type=int, help="budget including thinking")
-    group.add_argument(
-        "--thinking",
-        dest="enable_thinking",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="chat_template_kwargs.enable_thinking (default on)",
-    )
-    group.add_argument(
-        "--seed", type=int, help="recorded; SGLang honours it only with deterministic inference"
+    group = add_sampling_options(
+        parser,
+        title="generation settings (pinned at the run's first enqueue)",
+        thinking_help="chat_template_kwargs.enable_thinking (default on)",
+        seed_help="recorded; SGLang honours it only with deterministic inference",
     )
     group.add_argument("--batch-size", dest="batch_size", type=int, help="prompts per message (default 32)")
     group.add_argument(
@@ -182,14 +170,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     options: dict[str, Any] = {
         name: getattr(args, name)
         for name in (
-            "model",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "max_tokens",
-            "enable_thinking",
-            "seed",
+            *SAMPLING_OPTION_NAMES,
             "batch_size",
             "output_url",
             "truncated_thinking",

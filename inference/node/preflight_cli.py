@@ -38,21 +38,12 @@ from inference.node.preflight import (
 )
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
+from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
 
 EXIT_OK = 0  # verdict PASS or WARN
 EXIT_FAILED = 1  # verdict FAIL: do not start the run with these settings
 EXIT_USAGE = 2  # a bad option, settings file or prompts file (argparse uses 2 as well)
 
-SAMPLING_OPTIONS = (
-    "model",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "max_tokens",
-    "enable_thinking",
-    "seed",
-)
 PREFLIGHT_RUN_NAME = "preflight"
 """resolve_run_settings wants a run name; only its sampling part is used here."""
 REPORT_WIDTH_COLUMNS = 120
@@ -114,27 +105,17 @@ def register_preflight(subparsers: Any) -> None:
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `python -m producer enqueue`, with the same names and meanings."""
-    group = parser.add_argument_group("run settings (as for `python -m producer enqueue`)")
-    group.add_argument("--config", type=Path, help="the run's TOML file (options override it)")
-    group.add_argument("--model", help="model name sent in every request (the server's served name)")
-    group.add_argument("--temperature", type=float)
-    group.add_argument("--top-p", dest="top_p", type=float)
-    group.add_argument("--top-k", dest="top_k", type=int)
-    group.add_argument("--min-p", dest="min_p", type=float)
-    group.add_argument("--max-tokens", dest="max_tokens", type=int, help="budget including thinking")
-    group.add_argument(
-        "--thinking",
-        dest="enable_thinking",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="chat_template_kwargs.enable_thinking (default on); off expects no reasoning",
+    add_sampling_options(
+        parser,
+        title="run settings (as for `python -m producer enqueue`)",
+        thinking_help="chat_template_kwargs.enable_thinking (default on); off expects no reasoning",
+        seed_help="sent as the run sends it",
     )
-    group.add_argument("--seed", type=int, help="sent as the run sends it")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
     """Defaults, then the TOML file, then the options: the layering `enqueue` uses for a new run."""
-    options = {name: getattr(args, name) for name in SAMPLING_OPTIONS}
+    options = {name: getattr(args, name) for name in SAMPLING_OPTION_NAMES}
     if args.config is None:
         return _sampling_from_values(options)
     from producer.errors import SettingsError as RunSettingsError  # the producer only when a file is given
