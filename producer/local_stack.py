@@ -148,25 +148,17 @@ def worker_env(redis_url: str, extra: Mapping[str, str] | None = None) -> dict[s
     return {"DRAFTGEN_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
+def celery_command(*args: str) -> list[str]:
+    """`celery -A workers ARGS...` with this interpreter."""
+    return [sys.executable, "-m", "celery", "-A", "workers", *args]
+
+
 def celery_worker(
     name: str, queue: str, env: Mapping[str, str], log_dir: Path, *, concurrency: int | None = None
 ) -> ManagedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers",
-        "worker",
-        "-Q",
-        queue,
-        "-n",
-        f"{name}@%h",
-        "--without-mingle",
-        "--without-gossip",
-        "-l",
-        "INFO",
-    ]
+    argv = celery_command(
+        "worker", "-Q", queue, "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "INFO"
+    )
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
     return ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
@@ -181,14 +173,5 @@ def start_celery_worker(
 
 
 def flower_process(port: int, env: Mapping[str, str], log_dir: Path) -> ManagedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers",
-        "flower",
-        f"--port={port}",
-        "--address=127.0.0.1",
-    ]
+    argv = celery_command("flower", f"--port={port}", "--address=127.0.0.1")
     return ManagedProcess("flower", argv, log_dir / "flower.log", env=env)
