@@ -1,0 +1,331 @@
+"""A run's figures, computed from its committed objects only: the manifest is the truth.
+
+Objects are read one at a time and only their small columns (token counts, timings, origin, labels):
+never the texts. What is kept per completion is four numbers (thinking and answer tokens, finish
+time, GPU), so a run of a million completions needs a few tens of megabytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+
+from inference.records import DeadLetter, Origin, Quality
+from workers.keys import RunKeys
+from workers.ledger import gpu_label
+from workers.manifest import ManifestEntry, read_manifest
+from workers.storage import ObjectStore
+
+# Only these columns are read from each object: no text column is ever decoded.
+REPORT_COLUMNS = ("finish_reason", "quality", "usage", "timings", "origin", "spec_accept_length")
+P95 = 95.0
+PERCENT = 100.0
+S_PER_MIN = 60.0
+MAX_THROUGHPUT_BUCKETS = 100  # points per line at most in the throughput picture
+BUCKET_WIDTHS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400)
+DEAD_SCAN_COUNT = 1_000
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """A length distribution in tokens."""
+
+    count: int
+    zeros: int  # completions of length 0 (an answer cut off in thinking, or thinking off)
+    mean: float
+    median: float
+    p95: float
+    max: int
+
+    @classmethod
+    def of(cls, values: IntArray) -> LengthStats:
+        if values.size == 0:
+            return cls(count=0, zeros=0, mean=0.0, median=0.0, p95=0.0, max=0)
+        return cls(
+            count=int(values.size),
+            zeros=int(np.count_nonzero(values == 0)),
+            mean=float(values.mean()),
+            median=float(np.median(values)),
+            p95=float(np.percentile(values, P95)),
+            max=int(values.max()),
+        )
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One origin (host and GPU) of the run's completions."""
+
+    label: str  # `host/gpuN`, as in `status`
+    completions: int
+    output_tokens: int  # completion tokens: thinking and answer
+    first_finished_at: float  # unix seconds
+    last_finished_at: float
+    mean_spec_accept_length: float | None  # speculative decoding, when the server reported it
+
+    @property
+    def tokens_per_minute(self) -> float:
+        """Output tokens per minute over the span in which this GPU finished completions."""
+        span_s = self.last_finished_at - self.first_finished_at
+        return self.output_tokens / span_s * S_PER_MIN if span_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Per-completion numbers the pictures are drawn from, in manifest order."""
+
+    thinking_tokens: IntArray
+    answer_tokens: IntArray
+    output_tokens: IntArray
+    finished_at: FloatArray  # unix seconds
+    gpu: IntArray  # index into RunFigures.gpus
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    run: str
+    store_url: str
+    objects: int
+    completions: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    thinking: LengthStats
+    answer: LengthStats
+    finish_reasons: dict[str, int]
+    quality: dict[str, int]  # every label, zero counts included
+    started_at: float | None  # earliest request start, unix seconds
+    finished_at: float | None  # latest completion
+    gpus: list[GpuFigures]
+    samples: Samples
+    dead_letters: dict[str, int] | None = None  # by reason; None when Redis was not asked or reachable
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.completion_tokens - self.reasoning_tokens
+
+    @property
+    def span_s(self) -> float:
+        if self.started_at is None or self.finished_at is None:
+            return 0.0
+        return self.finished_at - self.started_at
+
+    @property
+    def output_tokens_per_minute(self) -> float:
+        return self.completion_tokens / self.span_s * S_PER_MIN if self.span_s > 0 else 0.0
+
+    def quality_rate(self, label: str) -> float:
+        """Share of completions with this label, in percent."""
+        return self.quality.get(label, 0) / self.completions * PERCENT if self.completions else 0.0
+
+    def finish_rate(self, reason: str) -> float:
+        return self.finish_reasons.get(reason, 0) / self.completions * PERCENT if self.completions else 0.0
+
+
+@dataclass
+class _Accumulator:
+    """Folds one object's columns at a time into running totals and compact per-completion arrays."""
+
+    objects: int = 0
+    prompt_tokens: int = 0
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    quality: Counter[str] = field(default_factory=Counter)
+    started_at: float | None = None
+    origins: dict[tuple[str, int | None, str], int] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)
+    spec_sum: list[float] = field(default_factory=list)
+    spec_count: list[int] = field(default_factory=list)
+    chunks: list[tuple[IntArray, IntArray, FloatArray, IntArray]] = field(default_factory=list)
+
+    def _gpu_code(self, host: str, gpu: int | None, server_url: str) -> int:
+        key = (host, gpu, server_url)
+        code = self.origins.get(key)
+        if code is None:
+            label = gpu_label(Origin(host=host, gpu=gpu, server_url=server_url))
+            if label in self.labels:  # one GPU seen under two server URLs still counts once
+                code = self.labels.index(label)
+            else:
+                code = len(self.labels)
+                self.labels.append(label)
+                self.spec_sum.append(0.0)
+                self.spec_count.append(0)
+            self.origins[key] = code
+        return code
+
+    def add(self, table: pa.Table) -> None:
+        self.objects += 1
+        if table.num_rows == 0:
+            return
+        usage = table.column("usage").combine_chunks()
+        timings = table.column("timings").combine_chunks()
+        origin = table.column("origin").combine_chunks()
+        completion = _ints(usage.field("completion_tokens"))
+        reasoning = _ints(usage.field("reasoning_tokens"))
+        self.prompt_tokens += int(_ints(usage.field("prompt_tokens")).sum())
+        started = _floats(timings.field("started_at"))
+        self.started_at = min(float(started.min()), self.started_at or math.inf)
+        gpu = np.fromiter(
+            (
+                self._gpu_code(host, gpu, url)
+                for host, gpu, url in zip(
+                    origin.field("host").to_pylist(),
+                    origin.field("gpu").to_pylist(),
+                    origin.field("server_url").to_pylist(),
+                    strict=True,
+                )
+            ),
+            dtype=np.int64,
+            count=table.num_rows,
+        )
+        spec = table.column("spec_accept_length").combine_chunks()
+        spec_values = spec.fill_null(math.nan).to_numpy(zero_copy_only=False).astype(np.float64)
+        reported = ~np.isnan(spec_values)
+        for code in np.unique(gpu[reported]):
+            mine = reported & (gpu == code)
+            self.spec_sum[int(code)] += float(spec_values[mine].sum())
+            self.spec_count[int(code)] += int(np.count_nonzero(mine))
+        self.finish_reasons.update(Counter(table.column("finish_reason").to_pylist()))
+        self.quality.update(Counter(table.column("quality").to_pylist()))
+        self.chunks.append((reasoning, completion - reasoning, _floats(timings.field("finished_at")), gpu))
+
+    def figures(self, run: str, store_url: str, dead_letters: dict[str, int] | None) -> RunFigures:
+        thinking = np.concatenate([chunk[0] for chunk in self.chunks] or [np.zeros(0, np.int64)])
+        answer = np.concatenate([chunk[1] for chunk in self.chunks] or [np.zeros(0, np.int64)])
+        finished = np.concatenate([chunk[2] for chunk in self.chunks] or [np.zeros(0, np.float64)])
+        gpu = np.concatenate([chunk[3] for chunk in self.chunks] or [np.zeros(0, np.int64)])
+        samples = Samples(
+            thinking_tokens=thinking,
+            answer_tokens=answer,
+            output_tokens=thinking + answer,
+            finished_at=finished,
+            gpu=gpu,
+        )
+        return RunFigures(
+            run=run,
+            store_url=store_url,
+            objects=self.objects,
+            completions=int(samples.gpu.size),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=int(samples.output_tokens.sum()),
+            reasoning_tokens=int(samples.thinking_tokens.sum()),
+            thinking=LengthStats.of(samples.thinking_tokens),
+            answer=LengthStats.of(samples.answer_tokens),
+            finish_reasons=dict(self.finish_reasons.most_common()),
+            quality=self._quality_counts(),
+            started_at=self.started_at,
+            finished_at=float(samples.finished_at.max()) if samples.finished_at.size else None,
+            gpus=self._gpu_figures(samples),
+            samples=samples,
+            dead_letters=dead_letters,
+        )
+
+    def _quality_counts(self) -> dict[str, int]:
+        """Every known label in a fixed order (zeros too), then any label this code does not know."""
+        known = [label.value for label in Quality]
+        unknown = sorted(set(self.quality) - set(known))
+        return {label: self.quality.get(label, 0) for label in [*known, *unknown]}
+
+    def _gpu_figures(self, samples: Samples) -> list[GpuFigures]:
+        gpus: list[GpuFigures] = []
+        for code, label in enumerate(self.labels):
+            mine = samples.gpu == code
+            finished = samples.finished_at[mine]
+            gpus.append(
+                GpuFigures(
+                    label=label,
+                    completions=int(np.count_nonzero(mine)),
+                    output_tokens=int(samples.output_tokens[mine].sum()),
+                    first_finished_at=float(finished.min()),
+                    last_finished_at=float(finished.max()),
+                    mean_spec_accept_length=(
+                        self.spec_sum[code] / self.spec_count[code] if self.spec_count[code] else None
+                    ),
+                )
+            )
+        return gpus
+
+
+def _ints(array: pa.Array) -> IntArray:
+    return np.asarray(array.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _floats(array: pa.Array) -> FloatArray:
+    return np.asarray(array.fill_null(math.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def read_report_columns(data: bytes) -> pa.Table:
+    """The columns the report needs from one committed object; the texts stay compressed on disk."""
+    return pq.read_table(io.BytesIO(data), columns=list(REPORT_COLUMNS))
+
+
+def compute_figures(
+    store: ObjectStore,
+    run: str,
+    *,
+    dead_letters: dict[str, int] | None = None,
+    entries: Iterable[ManifestEntry] | None = None,
+    on_object: Callable[[int, int], None] | None = None,
+) -> RunFigures:
+    """Read every object the manifest names, one at a time, and fold it into the run's figures."""
+    listed = list(read_manifest(store) if entries is None else entries)
+    totals = _Accumulator()
+    for index, entry in enumerate(listed, start=1):
+        totals.add(read_report_columns(store.get(entry.key)))
+        if on_object is not None:
+            on_object(index, len(listed))
+    return totals.figures(run, store.url, dead_letters)
+
+
+def dead_letters_by_reason(client: redis.Redis, run: str) -> dict[str, int]:
+    """Counts of the run's dead letters by reason, from its `dead` hash."""
+    reasons: Counter[str] = Counter()
+    for _prompt_id, raw in client.hscan_iter(RunKeys(run).dead, count=DEAD_SCAN_COUNT):
+        reasons[msgspec.json.decode(raw, type=DeadLetter).reason] += 1
+    return dict(reasons.most_common())
+
+
+def bucket_width_s(span_s: float) -> int:
+    """The narrowest bucket from a round ladder that draws the span in at most MAX_THROUGHPUT_BUCKETS."""
+    for width in BUCKET_WIDTHS_S:
+        if span_s / width <= MAX_THROUGHPUT_BUCKETS:
+            return width
+    return math.ceil(span_s / MAX_THROUGHPUT_BUCKETS)
+
+
+@dataclass(frozen=True)
+class ThroughputSeries:
+    label: str
+    bucket_start_s: FloatArray  # seconds since the run's start
+    tokens_per_minute: FloatArray  # output tokens finished in the bucket, per minute
+
+
+def throughput_per_gpu(figures: RunFigures, bucket_s: int) -> list[ThroughputSeries]:
+    """Output tokens per minute in buckets of `bucket_s` by finish time, one series per GPU.
+
+    Every series spans the whole run (empty buckets are zero), so a GPU that stalls shows a drop.
+    """
+    if figures.started_at is None or figures.completions == 0:
+        return []
+    samples = figures.samples
+    offsets = samples.finished_at - figures.started_at
+    buckets = math.floor(figures.span_s / bucket_s) + 1
+    index = np.clip((offsets // bucket_s).astype(np.int64), 0, buckets - 1)
+    starts = np.arange(buckets, dtype=np.float64) * bucket_s
+    series: list[ThroughputSeries] = []
+    for code, gpu in enumerate(figures.gpus):
+        mine = samples.gpu == code
+        tokens = np.bincount(index[mine], weights=samples.output_tokens[mine], minlength=buckets)
+        series.append(ThroughputSeries(gpu.label, starts, tokens.astype(np.float64) * S_PER_MIN / bucket_s))
+    return series
