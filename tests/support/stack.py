@@ -33,6 +33,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     generators: list[ManagedProcess] = field(default_factory=list)
     uploader: ManagedProcess | None = None
+    uploads_started: int = 0
 
     def env(self, **extra: str) -> dict[str, str]:
         return worker_env(self.redis_url, {**FAST_WORKER_ENV, **self.extra_env, **extra})
@@ -45,9 +46,9 @@ class Stack:
         return worker
 
     def start_uploader(self) -> ManagedProcess:
-        self.uploader = start_celery_worker(
-            f"upload-{id(self)}", "upload", self.env(), self.log_dir, concurrency=1
-        )
+        self.uploads_started += 1
+        name = f"upload{self.uploads_started}"
+        self.uploader = start_celery_worker(name, "upload", self.env(), self.log_dir, concurrency=1)
         return self.uploader
 
     def start(self) -> Stack:
