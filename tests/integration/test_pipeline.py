@@ -35,7 +35,8 @@ PROMPTS_PER_FORMAT = 200
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(redis_server: str, s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # s3_endpoint first: the workers inherit AWS_ENDPOINT_URL from this process when they start
     redis_url = redis_server.rsplit("/", 1)[0] + "/1"
     redis.Redis.from_url(redis_url).flushdb()
     sims = simulators(2, speedup=SPEEDUP, context_length=CONTEXT_LENGTH, request_log_size=20_000)
