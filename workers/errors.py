@@ -3,7 +3,8 @@
 WorkerError
 ├── RetryLater            transient: the same work will succeed later (server down, lock held)
 │   └── UploadLockLost    another uploader took over this run's flush; its work covers ours
-└── RunBroken             permanent for this message: unknown run, unreadable settings
+├── RunBroken             permanent for this message: unknown run, unreadable settings
+└── ShuttingDown          the worker is stopping: a wait for the server ends early
 """
 
 from __future__ import annotations
@@ -27,3 +28,7 @@ class UploadLockLost(RetryLater):
 
 class RunBroken(WorkerError):
     """The message names a run that cannot be processed; retrying will not help."""
+
+
+class ShuttingDown(WorkerError):
+    """The worker process is stopping; whatever waited for the server gives up without a verdict."""

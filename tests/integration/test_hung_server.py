@@ -1,0 +1,165 @@
+"""A server that hangs with `/health` still 200: the generate worker notices by token progress, puts its
+work back in the queue, restarts the server with its restart command, and the run completes, nothing lost.
+
+Real processes throughout: redis-server, a simulated GPU over HTTP, a generate worker and an uploader.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from inference.errors import InferenceRejected
+from inference.metrics_reader import fetch_metrics
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from producer.local_stack import wait_until
+from tests.support import datasets
+from tests.support.stack import Stack, simulators
+from workers.app import GENERATE_QUEUE
+from workers.ledger import RunLedger
+
+pytestmark = pytest.mark.integration
+
+SPEEDUP = 20.0  # the run lasts seconds, so the hang lands in the middle of it
+PROMPTS = 100
+BATCH_SIZE = "10"
+HANG_AFTER_COMPLETIONS = 20
+STALL_S = "3"  # the simulator exports only completion counters; with 30 running one finishes every ~0.1 s
+POLL_S = "0.25"
+GATE_TIMEOUT_S = 60.0
+WAIT_S = 30.0
+KOMBU_UNACKED_KEY = "unacked"  # kombu's hash of the messages workers hold: {tag: [message, exchange, key]}
+
+RESTART_SCRIPT = '''\
+"""Stands in for `systemctl restart`: once the test opens the gate, it clears the simulator's hang."""
+import json
+import pathlib
+import sys
+import time
+import urllib.request
+
+gate, url, timeout_s = pathlib.Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+deadline = time.monotonic() + timeout_s
+while not gate.exists():
+    if time.monotonic() > deadline:
+        sys.exit("the test never opened the gate")
+    time.sleep(0.05)
+request = urllib.request.Request(
+    url + "/admin/faults",
+    data=json.dumps({"server_hang": False}).encode(),
+    method="POST",
+    headers={"Content-Type": "application/json"},
+)
+with urllib.request.urlopen(request, timeout=10) as reply:
+    print("server restarted, faults now", reply.read().decode())
+'''
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatorProcess]:
+    [running] = simulators(1, speedup=SPEEDUP, enable_metrics=True, request_log_size=20_000)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Path:
+    """The file whose creation lets the restart command un-hang the server."""
+    return tmp_path / "restart-gate"
+
+
+@pytest.fixture
+def stack(
+    redis_url: str, log_dir: Path, sim: SimulatorProcess, gate: Path, tmp_path: Path
+) -> Iterator[Stack]:
+    script = tmp_path / "restart_server.py"
+    script.write_text(RESTART_SCRIPT)
+    restart = shlex.join([sys.executable, str(script), str(gate), sim.url, str(GATE_TIMEOUT_S)])
+    running = Stack(
+        redis_url,
+        log_dir,
+        [sim],
+        extra_env={
+            "DRAFTGEN_LIVENESS_POLL_S": POLL_S,
+            "DRAFTGEN_LIVENESS_STALL_S": STALL_S,
+            "DRAFTGEN_LIVENESS_COMPLETION_STALL_S": STALL_S,
+            "DRAFTGEN_SERVER_RESTART_COMMAND": restart,
+        },
+    ).start()
+    yield running
+    running.stop()
+
+
+def handed_over(ledger: RunLedger) -> int:
+    counts = ledger.counts()
+    return counts.staged + counts.done
+
+
+def generate_messages_held(client: redis.Redis) -> int:
+    """Generate messages delivered to a worker and not yet acknowledged."""
+    held = (json.loads(raw) for raw in client.hvals(KOMBU_UNACKED_KEY))
+    return sum(1 for _message, _exchange, routing_key in held if routing_key == GENERATE_QUEUE)
+
+
+def test_a_hung_server_is_noticed_its_work_requeued_and_the_run_completes_after_a_restart(
+    stack: Stack, sim: SimulatorProcess, gate: Path, tmp_path: Path
+) -> None:
+    # Given a run of 100 prompts in progress on one GPU
+    data = datasets.write_jsonl(
+        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(PROMPTS, "hang")]
+    )
+    run = "liveness"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
+    client = redis.Redis.from_url(stack.redis_url)
+    ledger = RunLedger(client, run)
+    wait_until(
+        lambda: handed_over(ledger) >= HANG_AFTER_COMPLETIONS, timeout_s=WAIT_S, what="the run under way"
+    )
+    # When the server hangs: /health still answers 200, but no token is produced
+    sim.admin.set_faults(server_hang=True)
+    assert sim.admin.health_status() == 200
+    assert handed_over(ledger) < PROMPTS, "the hang came too late to land mid-run"
+    # Then the worker notices by token progress and stops taking batches
+    worker = stack.generators[0]
+    worker.wait_for_log(f"server {sim.url} is hung", timeout_s=WAIT_S)
+    worker.wait_for_log(f"Canceling queue {GENERATE_QUEUE}", timeout_s=WAIT_S)
+    # And the batches it held go back to the queue at once, with their abandoned prompts still pending
+    wait_until(
+        lambda: generate_messages_held(client) == 0, timeout_s=WAIT_S, what="every generate message requeued"
+    )
+    assert "abandoned: server" in worker.log_text()
+    assert ledger.counts().remaining > 0
+    # When its restart command brings the server back
+    gate.touch()
+    # Then the worker resumes taking batches, the run completes, and verify passes
+    worker.wait_for_log("server restarted, faults now", timeout_s=WAIT_S)
+    worker.wait_for_log(f"server {sim.url} generates again", timeout_s=WAIT_S)
+    stack.wait_finished(run, timeout_s=WAIT_S)
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # And nothing was lost to the hang: every prompt committed, none dead-lettered
+    counts = ledger.counts()
+    assert (counts.done, counts.dead) == (PROMPTS, 0)
+
+
+def test_the_metrics_of_an_idle_simulator_read_as_idle_and_without_a_step_counter(
+    sim: SimulatorProcess,
+) -> None:
+    snapshot = fetch_metrics(sim.url)
+    assert not snapshot.busy
+    assert not snapshot.has_step_counter
+
+
+def test_a_server_without_metrics_refuses_the_scrape_with_404() -> None:
+    with (
+        SimulatorProcess(SimulatorSettings(enable_metrics=False)) as plain,
+        pytest.raises(InferenceRejected) as refused,
+    ):
+        fetch_metrics(plain.url)
+    assert refused.value.status == 404
