@@ -97,4 +97,6 @@ class Stack:
 
 
 def simulators(count: int, **settings: object) -> list[SimulatorProcess]:
-    return [SimulatorProcess(SimulatorSettings(**settings)).start() for _ in range(count)]  # type: ignore[arg-type]
+    """Simulated GPUs with metrics on, as `python -m inference serve` starts SGLang (liveness reads them)."""
+    options = {"enable_metrics": True, **settings}
+    return [SimulatorProcess(SimulatorSettings(**options)).start() for _ in range(count)]  # type: ignore[arg-type]
