@@ -1,6 +1,6 @@
 """Enqueue a stream of prompts into a run: only what is new, batched, compressed, and never lost.
 
-Each chunk is written in one Redis transaction: the new ids join the run's `enqueued` set together
+Each chunk is written in one atomic Redis step: the new ids join the run's `enqueued` set together
 with the batches that carry them and the outbox entry of each batch. Only then are the batch
 messages published, and each batch leaves the outbox once published. A crash anywhere leaves
 either nothing or batches in the outbox, which the next `enqueue` publishes first.
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -30,6 +32,35 @@ Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each ba
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 SESSION_TTL_S = 24 * 3600
 MAX_REJECTIONS_SHOWN = 20
+CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
+
+
+# Ids travel as one JSON argument: packing a thousand separate arguments cost more than the rest of
+# enqueue together.
+ALREADY_THERE = "a"
+DUPLICATE_IN_INPUT = "d"
+_CLASSIFY = """
+local out = {}
+for i, id in ipairs(cjson.decode(ARGV[1])) do
+  if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
+  elseif redis.call('SISMEMBER', KEYS[1], id) == 1 then out[i] = 'a'
+  else out[i] = 'n' end
+end
+return table.concat(out)
+"""
+# One atomic step: the new ids join the run with the batches that carry them and their outbox entries.
+_CLAIM = """
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  redis.call('SADD', KEYS[1], id)
+  redis.call('SADD', KEYS[2], id)
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+for i = 3, #ARGV, 3 do
+  redis.call('SET', ARGV[i], ARGV[i + 1])
+  redis.call('SADD', KEYS[3], ARGV[i + 2])
+end
+return 1
+"""
 
 
 @dataclass
@@ -90,23 +121,40 @@ class Enqueuer:
         self.source = source
         self.keys = RunKeys(settings.run)
         self.session_key = self.keys.enqueue_session(uuid.uuid4().hex)
+        self._classify = client.register_script(_CLASSIFY)
+        self._claim = client.register_script(_CLAIM)
 
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
+        """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones."""
         report = EnqueueReport()
         report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
-        try:
-            for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
-                self._enqueue_chunk(chunk, report)
-        finally:
-            self.client.delete(self.session_key)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-publish") as publishing:
+            in_flight: deque[Future[None]] = deque()
+            try:
+                for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                    batch_ids = self._store_chunk(chunk, report)
+                    if batch_ids:
+                        in_flight.append(publishing.submit(self._publish_stored, batch_ids))
+                    while in_flight and (in_flight[0].done() or len(in_flight) > CHUNKS_PUBLISHING):
+                        in_flight.popleft().result()
+                while in_flight:
+                    in_flight.popleft().result()
+            finally:
+                self.client.delete(self.session_key)
         return report
 
-    def _enqueue_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> None:
+    def _publish_stored(self, batch_ids: list[str]) -> None:
+        """Publish stored batches, then take them out of the outbox."""
+        self.publish(self.settings.run, batch_ids)
+        self.client.srem(self.keys.unpublished, *batch_ids)
+
+    def _store_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> list[str]:
+        """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids."""
         prompts = [item for item in chunk if isinstance(item, Prompt)]
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], report)
         new = self._new_prompts(prompts, report)
         if not new:
-            return
+            return []
         size = self.settings.batch_size
         batches = [
             PromptBatch(
@@ -114,33 +162,25 @@ class Enqueuer:
             )
             for start in range(0, len(new), size)
         ]
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.sadd(self.keys.enqueued, *(p.id for p in new))
-            pipe.sadd(self.session_key, *(p.id for p in new))
-            pipe.expire(self.session_key, SESSION_TTL_S)
-            for batch in batches:
-                pipe.set(self.keys.batch(batch.batch_id), encode_blob(batch))
-            pipe.sadd(self.keys.unpublished, *(b.batch_id for b in batches))
-            pipe.execute()
-        self.publish(self.settings.run, [batch.batch_id for batch in batches])
-        self.client.srem(self.keys.unpublished, *(b.batch_id for b in batches))
+        args: list[str | bytes | int] = [msgspec.json.encode([p.id for p in new]), SESSION_TTL_S]
+        for batch in batches:
+            args += [self.keys.batch(batch.batch_id), encode_blob(batch), batch.batch_id]
+        self._claim(keys=[self.keys.enqueued, self.session_key, self.keys.unpublished], args=args)
         report.new += len(new)
         report.batches += len(batches)
+        return [batch.batch_id for batch in batches]
 
     def _new_prompts(self, prompts: list[Prompt], report: EnqueueReport) -> list[Prompt]:
         if not prompts:
             return []
-        ids = [p.id for p in prompts]
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.smismember(self.keys.enqueued, ids)
-            pipe.smismember(self.session_key, ids)
-            in_run, in_session = pipe.execute()
+        ids = msgspec.json.encode([p.id for p in prompts])
+        statuses = self._classify(keys=[self.keys.enqueued, self.session_key], args=[ids]).decode()
         new: list[Prompt] = []
         seen_in_chunk: set[str] = set()
-        for prompt, known, from_this_input in zip(prompts, in_run, in_session, strict=True):
-            if from_this_input or prompt.id in seen_in_chunk:
+        for prompt, status in zip(prompts, statuses, strict=True):
+            if status == DUPLICATE_IN_INPUT or prompt.id in seen_in_chunk:
                 report.duplicates_in_input += 1
-            elif known:
+            elif status == ALREADY_THERE:
                 report.already_there += 1
             else:
                 seen_in_chunk.add(prompt.id)
