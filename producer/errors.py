@@ -3,7 +3,8 @@
 ProducerError
 ├── SourceError       the DATA argument cannot be read at all (missing, unknown type, unreadable)
 ├── SettingsError     the run's settings are invalid, or differ from the ones pinned at its start
-└── RunNotFound       the named run was never enqueued
+├── RunNotFound       the named run was never enqueued
+└── RedisUnavailable  Redis could not be reached or refused a command (status, pause, resume)
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ class SettingsError(ProducerError):
 
 class RunNotFound(ProducerError):
     """No run of that name exists in Redis."""
+
+
+class RedisUnavailable(ProducerError):
+    """Redis could not be reached, or refused a command."""

@@ -24,6 +24,7 @@ from inference.records import DeadLetter, Origin, Quality
 from workers.keys import RunKeys
 from workers.ledger import gpu_label
 from workers.manifest import ManifestEntry, read_manifest
+from workers.parquet_io import PARQUET_USE_THREADS
 from workers.storage import ObjectStore
 
 # Only these columns are read from each object: no text column is ever decoded.
@@ -267,7 +268,7 @@ def _floats(array: pa.Array) -> FloatArray:
 
 def read_report_columns(data: bytes) -> pa.Table:
     """The columns the report needs from one committed object; the texts stay compressed on disk."""
-    return pq.read_table(io.BytesIO(data), columns=list(REPORT_COLUMNS))
+    return pq.read_table(io.BytesIO(data), columns=list(REPORT_COLUMNS), use_threads=PARQUET_USE_THREADS)
 
 
 def compute_figures(

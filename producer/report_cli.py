@@ -16,7 +16,6 @@ import redis
 
 from producer.errors import RunNotFound
 from producer.report import compute_figures, dead_letters_by_reason
-from producer.report_render import summary_rows, write_report
 from producer.settings import ProducerSettings
 from workers.keys import RunKeys, check_run_name
 from workers.runs import decode_run_settings
@@ -63,6 +62,8 @@ def _print_progress(done: int, total: int) -> None:
 
 
 def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    from producer.report_render import summary_rows, write_report  # matplotlib only for this command
+
     run = check_run_name(args.run)
     client = redis.Redis.from_url(
         args.redis_url or settings.redis_url,

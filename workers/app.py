@@ -9,6 +9,8 @@ from typing import Any
 
 from celery import Celery
 
+from workers.heartbeat_step import HeartbeatStep
+from workers.liveness_step import LivenessStep
 from workers.settings import WorkerSettings
 
 GENERATE_QUEUE = "generate"
@@ -59,6 +61,8 @@ def make_app(settings: WorkerSettings) -> Celery:
     app = Celery("draftgen", include=["workers.tasks"])
     app.conf.update(celery_config(settings))
     app.conf.draftgen_settings = settings
+    app.steps["consumer"].add(HeartbeatStep)
+    app.steps["consumer"].add(LivenessStep)  # generate workers watch their server's token progress
     return app
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 KEY_PREFIX = "draftgen"
 RUNS_KEY = f"{KEY_PREFIX}:runs"  # set of run names
+WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate worker's heartbeat (JSON, TTL)
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -14,12 +15,26 @@ class InvalidRunName(ValueError):
     """A run name must be a safe key and path segment."""
 
 
+RESERVED_RUN_NAMES = frozenset({"runs", "workers"})  # key prefixes of their own
+
+
 def check_run_name(run: str) -> str:
+    if run in RESERVED_RUN_NAMES:
+        raise InvalidRunName(f"run name {run!r} is reserved; choose another")
     if not RUN_NAME_PATTERN.match(run):
         raise InvalidRunName(
             f"run name {run!r} must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
         )
     return run
+
+
+def worker_heartbeat_key(worker: str) -> str:
+    """A generate worker's heartbeat, `worker` being its GPU label (`host/gpuN`, see ledger.gpu_label)."""
+    return WORKERS_KEY_PREFIX + worker
+
+
+# Every heartbeat key: labels always hold a '/', which no key of a run named "workers" would after the prefix.
+WORKER_HEARTBEAT_PATTERN = WORKERS_KEY_PREFIX + "*/*"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ import pyarrow.parquet as pq
 from inference.records import Completion
 
 PARQUET_COMPRESSION = "zstd"
+# pyarrow 26 can abort the process at exit ("terminate called without an active exception") after a
+# threaded read; objects are at most a few MB, so a single-threaded read costs nothing that matters.
+PARQUET_USE_THREADS = False
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 COMPLETION_SCHEMA = pa.schema(
@@ -69,10 +72,11 @@ def completions_to_parquet(completions: list[Completion]) -> bytes:
 
 
 def prompt_ids_in(data: bytes) -> list[str]:
-    column = pq.read_table(io.BytesIO(data), columns=["prompt_id"]).column("prompt_id")
+    table = pq.read_table(io.BytesIO(data), columns=["prompt_id"], use_threads=PARQUET_USE_THREADS)
+    column = table.column("prompt_id")
     return [str(value) for value in column.to_pylist()]
 
 
 def read_completions(data: bytes) -> list[Completion]:
-    rows = pq.read_table(io.BytesIO(data)).to_pylist()
+    rows = pq.read_table(io.BytesIO(data), use_threads=PARQUET_USE_THREADS).to_pylist()
     return [msgspec.convert(row, type=Completion) for row in rows]

@@ -21,7 +21,8 @@ FAST_WORKER_ENV = {
     "DRAFTGEN_BACKOFF_CAP_S": "0.5",
     "DRAFTGEN_REQUEST_TIMEOUT_S": "60",
     "DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": "1",
-    "DRAFTGEN_VISIBILITY_TIMEOUT_S": "20",
+    # Above every retry countdown (a paused run's 30 s): a message held for its countdown stays unacked.
+    "DRAFTGEN_VISIBILITY_TIMEOUT_S": "60",
 }
 
 

@@ -1,0 +1,239 @@
+"""`python -m producer metrics`: a Prometheus exporter reading Redis on every scrape.
+
+A custom collector, so nothing is cached between scrapes: each scrape gathers the same figures as
+`status` (producer/status.py) for every run (or those given), plus the queues and the per-GPU
+heartbeats, which are global. Counters are the runs' running totals, so Grafana takes rates with
+`rate()`; the per-GPU token rate is a gauge over the last minute (it comes from the event stream).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import redis
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from producer.errors import RunNotFound
+from producer.settings import ProducerSettings
+from producer.status import RunStatus, gather_status, parse_counters, queue_depths
+from workers.heartbeat import read_heartbeats
+from workers.keys import RUNS_KEY, RunKeys, check_run_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9108
+DEFAULT_ADDRESS = "127.0.0.1"  # unauthenticated: bind wider (--address 0.0.0.0) only on a private network
+HEALTHY_STATUS = 200
+EXIT_OK = 0
+PREFIX = "draftgen_"
+
+
+class _Families:
+    """Metric families of one scrape, created on first use, yielded in creation order."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
+        family = self._families.setdefault(
+            name, CounterMetricFamily(PREFIX + name, documentation, labels=list(labels))
+        )
+        assert isinstance(family, CounterMetricFamily)
+        return family
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
+        family = self._families.setdefault(
+            name, GaugeMetricFamily(PREFIX + name, documentation, labels=list(labels))
+        )
+        assert isinstance(family, GaugeMetricFamily)
+        return family
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._families.values())
+
+
+def add_run(families: _Families, status: RunStatus, counters: dict[str, int]) -> None:
+    """A run's figures, labelled `run` (and `gpu`, `quality`, `finish_reason`, `reason`)."""
+    run = [status.run]
+    progress = status.progress
+    for name, value, doc in (
+        ("prompts_enqueued", progress.enqueued, "Prompts accepted into the run."),
+        ("prompts_committed", progress.committed, "Prompts in a committed object (listed in the manifest)."),
+        ("prompts_dead_lettered", progress.dead_lettered, "Prompts that will get no completion."),
+        ("rows_rejected", progress.rejected_rows, "Input rows refused at enqueue."),
+        ("completions", counters.get("completions", 0), "Completions generated (staged)."),
+        (
+            "output_tokens",
+            counters.get("completion_tokens", 0),
+            "Output tokens generated, thinking included.",
+        ),
+        ("reasoning_tokens", counters.get("reasoning_tokens", 0), "Thinking tokens generated."),
+        ("prompt_tokens", counters.get("prompt_tokens", 0), "Prompt tokens of the completions."),
+        ("objects_committed", status.upload.objects_committed, "Objects listed in the run's manifest."),
+        ("committed_bytes", status.upload.committed_bytes, "Bytes of the committed objects."),
+    ):
+        families.counter(name, doc, ["run"]).add_metric(run, value)
+    gauges: tuple[tuple[str, float, str], ...] = (
+        ("prompts_staged", progress.staged, "Completions generated and awaiting upload."),
+        ("prompts_remaining", progress.remaining, "Prompts still to generate."),
+        ("upload_backlog_bytes", status.upload.staged_bytes, "Bytes of the completions awaiting upload."),
+        ("run_paused", int(status.paused is not None), "1 while the run is paused (by hand or the gate)."),
+        (
+            "output_tokens_per_second",
+            status.throughput.last_minute.output_tokens_per_s,
+            "Output tokens per second over the last minute.",
+        ),
+        (
+            "completions_per_second",
+            status.throughput.last_minute.completions_per_s,
+            "Completions per second over the last minute.",
+        ),
+    )
+    for gauge_name, gauge_value, gauge_doc in gauges:
+        families.gauge(gauge_name, gauge_doc, ["run"]).add_metric(run, gauge_value)
+    eta = families.gauge(
+        "run_eta_seconds", "Seconds until every prompt is generated (absent: unknown).", ["run"]
+    )
+    if status.eta.seconds is not None:
+        eta.add_metric(run, status.eta.seconds)
+    oldest = families.gauge(
+        "upload_oldest_staged_age_seconds", "Age of the oldest completion awaiting upload.", ["run"]
+    )
+    if status.upload.oldest_staged_age_s is not None:
+        oldest.add_metric(run, status.upload.oldest_staged_age_s)
+    _labelled_counters(families, status.run, counters)
+    per_gpu = families.gauge(
+        "gpu_output_tokens_per_second",
+        "The run's output tokens per second per GPU, last minute.",
+        ["run", "gpu"],
+    )
+    for row in status.gpus:
+        per_gpu.add_metric([status.run, row.worker], row.output_tokens_per_s)
+
+
+def _labelled_counters(families: _Families, run: str, counters: dict[str, int]) -> None:
+    for prefix, name, label, doc in (
+        ("quality:", "completions_by_quality", "quality", "Completions by quality label."),
+        ("finish:", "completions_by_finish_reason", "finish_reason", "Completions by finish reason."),
+        ("dead:", "dead_letters", "reason", "Dead-lettered prompts by reason."),
+    ):
+        family = families.counter(name, doc, ["run", label])
+        for key, value in sorted(counters.items()):
+            if key.startswith(prefix):
+                family.add_metric([run, key.removeprefix(prefix)], value)
+
+
+def add_fleet(families: _Families, client: redis.Redis) -> None:
+    """Queues and GPUs: shared by every run."""
+    waiting = families.gauge("queue_waiting_messages", "Messages waiting in the queue (LLEN).", ["queue"])
+    in_flight = families.gauge(
+        "queue_in_flight_messages", "Messages delivered to a worker and not yet acknowledged.", ["queue"]
+    )
+    for depth in queue_depths(client):
+        waiting.add_metric([depth.queue], depth.waiting)
+        in_flight.add_metric([depth.queue], depth.in_flight)
+    now = time.time()
+    gpu_families = {
+        "in_flight": families.gauge("gpu_in_flight_requests", "Requests at the GPU's server.", ["gpu"]),
+        "max_in_flight": families.gauge(
+            "gpu_max_in_flight_requests", "The worker's in-flight window.", ["gpu"]
+        ),
+        "accept": families.gauge(
+            "gpu_spec_accept_length_tokens", "Speculative decoding: tokens accepted per verify step.", ["gpu"]
+        ),
+        "healthy": families.gauge("gpu_server_healthy", "1 when the server's /health answered 200.", ["gpu"]),
+        "suspended": families.gauge(
+            "gpu_suspended", "1 while the worker stopped sending (server hung).", ["gpu"]
+        ),
+        "age": families.gauge(
+            "gpu_heartbeat_age_seconds", "Seconds since the worker's last heartbeat.", ["gpu"]
+        ),
+    }
+    for beat in read_heartbeats(client):
+        label = [beat.worker]
+        gpu_families["in_flight"].add_metric(label, beat.in_flight)
+        gpu_families["max_in_flight"].add_metric(label, beat.max_in_flight)
+        if beat.spec_accept_length is not None:
+            gpu_families["accept"].add_metric(label, beat.spec_accept_length)
+        gpu_families["healthy"].add_metric(label, int(beat.server_health == HEALTHY_STATUS))
+        gpu_families["suspended"].add_metric(label, int(beat.suspended))
+        gpu_families["age"].add_metric(label, max(0.0, now - beat.updated_at))
+
+
+class DraftgenCollector(Collector):
+    """Reads Redis on every scrape; `draftgen_redis_up` says whether it could."""
+
+    def __init__(self, client: redis.Redis, runs: Callable[[], list[str]]) -> None:
+        self._client = client
+        self._runs = runs
+
+    def collect(self) -> Iterator[Metric]:
+        families = _Families()
+        up = GaugeMetricFamily(PREFIX + "redis_up", "1 when the last scrape could read Redis.")
+        try:
+            add_fleet(families, self._client)
+            for run in self._runs():
+                try:
+                    status = gather_status(self._client, run)
+                except RunNotFound:
+                    continue  # listed but never pinned, or removed
+                counters = parse_counters(self._client.hgetall(RunKeys(run).stats))
+                add_run(families, status, counters)
+        except redis.RedisError:
+            log.warning("scrape could not read Redis", exc_info=True)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+
+def run_names(client: redis.Redis, chosen: Sequence[str] | None) -> Callable[[], list[str]]:
+    """The runs to export: those given, else every run in Redis (read again on each scrape)."""
+    if chosen:
+        names = [check_run_name(run) for run in chosen]
+        return lambda: names
+    return lambda: sorted(raw.decode() for raw in client.smembers(RUNS_KEY))
+
+
+def serve(client: redis.Redis, runs: Sequence[str] | None, *, address: str, port: int) -> Any:
+    """Start the exporter's HTTP server on a daemon thread; returns the server (call `.shutdown()`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DraftgenCollector(client, run_names(client, runs)))
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    return server
+
+
+def cmd_metrics(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = redis.Redis.from_url(args.redis_url or settings.redis_url)
+    server = serve(client, args.runs, address=args.address, port=args.port)
+    print(f"serving draftgen metrics on http://{args.address}:{args.port}/metrics (Ctrl-C stops)", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+    return EXIT_OK
+
+
+def register(commands: Any) -> None:
+    metrics = commands.add_parser("metrics", help="serve Prometheus metrics of the runs, queues and GPUs")
+    metrics.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    metrics.add_argument(
+        "--address",
+        default=DEFAULT_ADDRESS,
+        help=f"bind address (default {DEFAULT_ADDRESS}; the endpoint has no authentication)",
+    )
+    metrics.add_argument(
+        "--runs", nargs="+", metavar="RUN", help="export only these runs (default: every run)"
+    )
+    metrics.set_defaults(handler=cmd_metrics)

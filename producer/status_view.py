@@ -1,0 +1,246 @@
+"""Rendering a `RunStatus` for the terminal with rich: one renderable, used once or under `rich.live.Live`."""
+
+from __future__ import annotations
+
+import time
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from producer.status import GpuRow, RunStatus
+
+PROGRESS_BAR_WIDTH = 40
+SECONDS_PER_MINUTE = 60
+SECONDS_PER_HOUR = 3600
+SECONDS_PER_DAY = 86400
+BYTES_PER_KIB = 1024.0
+HEALTHY_STATUS = 200
+UNKNOWN = "unknown"
+ABSENT = "–"
+STATE_STYLES = {"paused": "bold red", "finished": "bold green", "running": "bold cyan"}
+
+
+def duration(seconds: float | None) -> str:
+    """`45 s`, `12 min 5 s`, `3 h 20 min`, `2 d 4 h`."""
+    if seconds is None:
+        return UNKNOWN
+    whole = round(seconds)
+    if whole < SECONDS_PER_MINUTE:
+        return f"{whole} s"
+    if whole < SECONDS_PER_HOUR:
+        return f"{whole // SECONDS_PER_MINUTE} min {whole % SECONDS_PER_MINUTE} s"
+    if whole < SECONDS_PER_DAY:
+        return f"{whole // SECONDS_PER_HOUR} h {whole % SECONDS_PER_HOUR // SECONDS_PER_MINUTE} min"
+    return f"{whole // SECONDS_PER_DAY} d {whole % SECONDS_PER_DAY // SECONDS_PER_HOUR} h"
+
+
+def size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < BYTES_PER_KIB:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= BYTES_PER_KIB
+    return f"{value:.1f} TiB"
+
+
+def percent(rate: float) -> str:
+    return f"{rate:.1%}"
+
+
+def money(usd: float | None) -> str:
+    return f"${usd:,.2f}" if usd is not None else ABSENT
+
+
+def clock(unix_s: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s)) if unix_s is not None else ABSENT
+
+
+def _section(title: str) -> Text:
+    return Text(f"\n{title}", style="bold")
+
+
+def _progress(status: RunStatus) -> RenderableType:
+    progress = status.progress
+    line = Table.grid(padding=(0, 1))
+    line.add_row(
+        ProgressBar(total=max(progress.enqueued, 1), completed=progress.committed, width=PROGRESS_BAR_WIDTH),
+        Text(f"{progress.committed:,} / {progress.enqueued:,} committed"),
+        Text(percent(progress.committed_fraction), style="bold"),
+    )
+    details = Text(
+        f"staged, awaiting upload {progress.staged:,} · dead-lettered {progress.dead_lettered:,} · "
+        f"rejected rows {progress.rejected_rows:,} · still to generate {progress.remaining:,}"
+    )
+    return Group(line, details)
+
+
+def _throughput(status: RunStatus) -> RenderableType:
+    throughput = status.throughput
+    recent, whole = throughput.last_minute, throughput.whole_run
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    table.add_column("")
+    table.add_column(f"last {recent.window_s:.0f} s", justify="right")
+    table.add_column(f"whole run ({duration(whole.window_s)})", justify="right")
+    table.add_row("completions/s", f"{recent.completions_per_s:,.2f}", f"{whole.completions_per_s:,.2f}")
+    table.add_row(
+        "output tokens/s", f"{recent.output_tokens_per_s:,.0f}", f"{whole.output_tokens_per_s:,.0f}"
+    )
+    table.add_row("completions", f"{recent.completions:,}", f"{whole.completions:,}")
+    mean = throughput.mean_output_tokens
+    table.add_row("mean output tokens", "", f"{mean:,.0f}" if mean is not None else ABSENT)
+    return table
+
+
+def _eta_and_cost(status: RunStatus) -> RenderableType:
+    eta, cost = status.eta, status.cost
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    finishes = f" (at {clock(eta.finishes_at)})" if eta.seconds else ""
+    grid.add_row("ETA", f"{duration(eta.seconds)}{finishes}: {eta.basis}")
+    projected = (
+        f"; projected total {cost.projected_gpu_hours:,.2f} GPU-hours, {money(cost.projected_total_usd)}"
+        if cost.projected_gpu_hours is not None
+        else "; projected total unknown"
+    )
+    grid.add_row(
+        "Cost",
+        f"{cost.gpu_hours:,.2f} GPU-hours so far ({cost.gpus} GPUs × {duration(cost.elapsed_s)}), "
+        f"{money(cost.so_far_usd)}{projected}",
+    )
+    grid.add_row("", Text(f"assumes {cost.assumption}", style="dim"))
+    return grid
+
+
+def _health(row: GpuRow) -> Text:
+    if row.server_health is None:
+        return Text("no answer" if row.heartbeat_age_s is not None else ABSENT, style="red")
+    return Text(str(row.server_health), style="green" if row.server_health == HEALTHY_STATUS else "red")
+
+
+def _gpus(status: RunStatus) -> RenderableType:
+    if not status.gpus:
+        return Text("no GPU has reported yet (no completion and no live worker heartbeat)")
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for title in (
+        "GPU",
+        "tokens/s",
+        "done/min",
+        "in flight",
+        "accept len",
+        "/health",
+        "suspended",
+        "heartbeat",
+    ):
+        table.add_column(title, justify="left" if title == "GPU" else "right")
+    for row in status.gpus:
+        in_flight = f"{row.in_flight}/{row.max_in_flight}" if row.in_flight is not None else ABSENT
+        table.add_row(
+            row.worker,
+            f"{row.output_tokens_per_s:,.0f}",
+            f"{row.completions_last_minute:,}",
+            in_flight,
+            f"{row.spec_accept_length:.2f}" if row.spec_accept_length is not None else ABSENT,
+            _health(row),
+            Text("yes", style="bold red")
+            if row.suspended
+            else ("no" if row.suspended is not None else ABSENT),
+            f"{duration(row.heartbeat_age_s)} ago"
+            if row.heartbeat_age_s is not None
+            else "none (worker gone?)",
+        )
+    return table
+
+
+def _queues_and_upload(status: RunStatus) -> RenderableType:
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    table.add_column("queue")
+    table.add_column("waiting", justify="right")
+    table.add_column("in flight", justify="right")
+    for queue in status.queues:
+        table.add_row(queue.queue, f"{queue.waiting:,}", f"{queue.in_flight:,}")
+    upload = status.upload
+    oldest = (
+        f", oldest {duration(upload.oldest_staged_age_s)}" if upload.oldest_staged_age_s is not None else ""
+    )
+    return Group(
+        table,
+        Text(status.queues_note, style="dim"),
+        Text(
+            f"upload backlog {upload.staged:,} completions ({size(upload.staged_bytes)}){oldest}; "
+            f"committed {upload.objects_committed:,} objects ({size(upload.committed_bytes)})"
+        ),
+    )
+
+
+def _dead_letters(status: RunStatus) -> RenderableType:
+    if not status.dead_letters:
+        return Text("none")
+    return Text(" · ".join(f"{reason} {count:,}" for reason, count in status.dead_letters.items()))
+
+
+def _quality(status: RunStatus) -> RenderableType:
+    quality, gate = status.quality, status.gate
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    table.add_column("label")
+    table.add_column("count", justify="right")
+    table.add_column(f"of {quality.judged:,}", justify="right")
+    for label, count in quality.counts.items():
+        table.add_row(label.replace("_", " "), f"{count:,}", percent(quality.rates[label]))
+    finishes = " · ".join(f"{reason} {count:,}" for reason, count in quality.finish_reasons.items())
+    verdict = (
+        Text(f"would pause: {gate.failing}", style="bold red")
+        if gate.failing
+        else Text("passing" if gate.judged_since_resume >= gate.min_completions else "not judging yet")
+    )
+    gate_line = Text.assemble(
+        f"gate: {gate.judged_since_resume:,} judged since the start or last resume "
+        f"(judges from {gate.min_completions:,}); empty answers {percent(gate.empty_answer_rate)} "
+        f"(limit {percent(gate.max_empty_answer_rate)}), truncated {percent(gate.truncated_rate)} "
+        f"(limit {percent(gate.max_truncated_rate)}); truncated thinking: {gate.truncated_thinking_policy}; ",
+        verdict,
+    )
+    return Group(table, Text(f"finish reasons: {finishes or ABSENT}"), gate_line)
+
+
+def _header(status: RunStatus) -> RenderableType:
+    header = Text.assemble(
+        (f"run {status.run}", "bold"),
+        "  ",
+        (status.state, STATE_STYLES.get(status.state, "bold")),
+        f"  at {clock(status.now)}",
+    )
+    lines: list[RenderableType] = [header]
+    lines.extend(Text(f"WARNING: {warning}", style="bold yellow") for warning in status.warnings)
+    if status.paused is not None:
+        paused = status.paused
+        lines.append(
+            Text(
+                f"PAUSED by {paused.by} {duration(paused.for_s)} ago: {paused.reason}\n"
+                f"resume with `python -m producer resume --run {status.run}`",
+                style="bold red",
+            )
+        )
+    return Group(*lines)
+
+
+def render_status(status: RunStatus) -> RenderableType:
+    return Group(
+        _header(status),
+        _section("Progress"),
+        _progress(status),
+        _section("Throughput"),
+        _throughput(status),
+        _eta_and_cost(status),
+        _section("GPUs (this run's tokens/s over the last minute; the rest from worker heartbeats)"),
+        _gpus(status),
+        _section("Queues"),
+        _queues_and_upload(status),
+        _section("Dead letters"),
+        _dead_letters(status),
+        _section("Quality"),
+        _quality(status),
+    )

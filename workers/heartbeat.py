@@ -1,0 +1,227 @@
+"""A generate worker's heartbeat: its GPU's live figures in Redis, for `status` and the metrics exporter.
+
+Every `HEARTBEAT_INTERVAL_S` a small thread writes `draftgen:workers:<host>/gpu<N>` (JSON, expiring
+after `HEARTBEAT_TTL_S`, so a dead worker's row disappears): requests in flight and the suspended
+flag from the worker's engine, the server's /health status and its speculative accept length.
+Token rates are not here: they come from the runs' completion event streams.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import redis
+
+from inference.records import Record
+from workers.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
+HEALTH_TIMEOUT_S = 3.0  # SGLang's /health runs a real one-token generation: slower under load
+INFO_TIMEOUT_S = 2.0
+# One beat takes at most the interval plus every probe's timeout, which stays well inside the TTL.
+assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_TTL_S
+
+SPEC_ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
+SCAN_COUNT = 1000
+
+
+class WorkerHeartbeat(Record, frozen=True):
+    """What one generate worker says about its GPU."""
+
+    worker: str  # the GPU label, `host/gpuN` (the `gpu` field of the runs' event streams)
+    host: str
+    gpu: int | None
+    server_url: str
+    in_flight: int  # requests at the server right now
+    max_in_flight: int
+    suspended: bool  # the engine stopped sending (server hung or down)
+    server_health: int | None  # HTTP status of GET /health; None when it did not answer in time
+    spec_accept_length: float | None  # tokens per verify step; None when the server does not say
+    updated_at: float  # unix seconds, the worker's clock
+    interval_s: float = HEARTBEAT_INTERVAL_S
+
+
+def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:
+    return msgspec.json.encode(beat)
+
+
+def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
+    """The heartbeat, or None for a value that is not one (an older or foreign writer)."""
+    try:
+        return msgspec.json.decode(raw, type=WorkerHeartbeat)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def parse_prometheus_value(text: str, name: str) -> float | None:
+    """The first sample of metric `name` in Prometheus text exposition (labels ignored)."""
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name) :]
+        if rest.startswith("{"):
+            rest = rest.rpartition("}")[2]
+        elif not rest.startswith(" "):
+            continue  # another metric whose name starts the same way
+        fields = rest.split()
+        try:
+            return float(fields[0]) if fields else None
+        except ValueError:
+            return None
+    return None
+
+
+def accept_length_from_server_info(info: object) -> float | None:
+    """`internal_states[0].avg_spec_accept_length` of SGLang's /server_info, when present."""
+    if not isinstance(info, dict):
+        return None
+    states = info.get("internal_states")
+    if not isinstance(states, list) or not states or not isinstance(states[0], dict):
+        return None
+    value = states[0].get("avg_spec_accept_length")
+    return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True)
+class ServerProbe:
+    """Asks an SGLang server (or the simulator) for its health and speculative accept length."""
+
+    server_url: str
+    api_key: str | None = None
+
+    def _get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        request = urllib.request.Request(self.server_url.rstrip("/") + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return int(response.status), response.read()
+        except urllib.error.HTTPError as error:
+            return int(error.code), b""
+
+    def health(self) -> int | None:
+        try:
+            return self._get("/health", HEALTH_TIMEOUT_S)[0]
+        except OSError:  # refused, reset, timed out
+            return None
+
+    def accept_length(self) -> float | None:
+        """From /server_info; else from /metrics (served only with --enable-metrics)."""
+        try:
+            status, body = self._get("/server_info", INFO_TIMEOUT_S)
+            if status == 200:
+                value = accept_length_from_server_info(json.loads(body))
+                if value is not None:
+                    return value
+            status, body = self._get("/metrics", INFO_TIMEOUT_S)
+        except (OSError, ValueError):
+            return None
+        if status != 200:
+            return None
+        return parse_prometheus_value(body.decode(errors="replace"), SPEC_ACCEPT_LENGTH_METRIC)
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    in_flight: int
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    worker: str  # the GPU label, `host/gpuN`
+    host: str
+    gpu: int | None
+    server_url: str
+    max_in_flight: int
+
+
+class HeartbeatPublisher:
+    """Writes one worker's heartbeat now and then every interval, on a daemon thread, until stopped."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        identity: WorkerIdentity,
+        probe: ServerProbe,
+        engine_figures: Callable[[], EngineFigures],
+        *,
+        interval_s: float = HEARTBEAT_INTERVAL_S,
+        ttl_s: int = HEARTBEAT_TTL_S,
+    ) -> None:
+        self._client = client
+        self._identity = identity
+        self._key = worker_heartbeat_key(identity.worker)
+        self._probe = probe
+        self._engine_figures = engine_figures
+        self._interval_s = interval_s
+        self._ttl_s = ttl_s
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> WorkerHeartbeat:
+        """Take the figures and write them once."""
+        figures = self._engine_figures()
+        identity = self._identity
+        beat = WorkerHeartbeat(
+            worker=identity.worker,
+            host=identity.host,
+            gpu=identity.gpu,
+            server_url=identity.server_url,
+            in_flight=figures.in_flight,
+            max_in_flight=identity.max_in_flight,
+            suspended=figures.suspended,
+            server_health=self._probe.health(),
+            spec_accept_length=self._probe.accept_length(),
+            updated_at=time.time(),
+            interval_s=self._interval_s,
+        )
+        self._client.set(self._key, encode_heartbeat(beat), ex=self._ttl_s)
+        return beat
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.beat()
+            except Exception:  # a Redis blip or an odd server reply must not end the heartbeat
+                log.warning(
+                    "heartbeat %s failed; trying again in %.0f s", self._key, self._interval_s, exc_info=True
+                )
+            self._stopping.wait(self._interval_s)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="draftgen-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, timeout_s: float = HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S) -> None:
+        """Stop beating and remove the heartbeat: a worker that shuts down cleanly leaves no stale row."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+        try:
+            self._client.delete(self._key)
+        except redis.RedisError:
+            log.warning("could not remove heartbeat %s; it expires in %d s", self._key, self._ttl_s)
+
+
+def read_heartbeats(client: redis.Redis) -> list[WorkerHeartbeat]:
+    """Every live worker's heartbeat (expired ones are gone), sorted by worker label."""
+    keys = sorted(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=SCAN_COUNT))
+    if not keys:
+        return []
+    beats = (decode_heartbeat(raw) for raw in client.mget(keys) if raw is not None)
+    return sorted((beat for beat in beats if beat is not None), key=lambda beat: beat.worker)
