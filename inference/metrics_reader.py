@@ -40,6 +40,7 @@ REALTIME_TOKENS = "sglang:realtime_tokens_total"
 GENERATION_TOKENS = "sglang:generation_tokens_total"
 REQUESTS = "sglang:num_requests_total"
 SPEC_VERIFY_CALLS = "sglang:spec_verify_calls_total"
+SPEC_ACCEPT_LENGTH = "sglang:spec_accept_length"
 MODE_LABEL = "mode"
 DECODE_MODE = "decode"
 PRIORITY_LABEL = "priority"
@@ -59,6 +60,8 @@ class MetricsSnapshot:
     prefill_tokens_total: float | None = None
     """`realtime_tokens_total` over the prefill modes; None when not exported."""
     spec_verify_calls_total: float | None = None
+    spec_accept_length: float | None = None
+    """The server's recent mean accepted tokens per verify pass; None without speculative decoding."""
 
     @property
     def has_step_counter(self) -> bool:
@@ -114,6 +117,7 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         decode_tokens_total=sum(decode) if realtime else None,
         prefill_tokens_total=sum(prefill) if realtime else None,
         spec_verify_calls_total=optional_total(SPEC_VERIFY_CALLS),
+        spec_accept_length=samples[SPEC_ACCEPT_LENGTH][0].value if samples.get(SPEC_ACCEPT_LENGTH) else None,
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
+from inference.metrics_reader import parse_metrics
 from inference.records import Record
 from workers.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
 
@@ -32,7 +33,6 @@ INFO_TIMEOUT_S = 2.0
 # One beat takes at most the interval plus every probe's timeout, which stays well inside the TTL.
 assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_TTL_S
 
-SPEC_ACCEPT_LENGTH_METRIC = "sglang:spec_accept_length"
 SCAN_COUNT = 1000
 
 
@@ -62,24 +62,6 @@ def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
         return msgspec.json.decode(raw, type=WorkerHeartbeat)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-def parse_prometheus_value(text: str, name: str) -> float | None:
-    """The first sample of metric `name` in Prometheus text exposition (labels ignored)."""
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        rest = line[len(name) :]
-        if rest.startswith("{"):
-            rest = rest.rpartition("}")[2]
-        elif not rest.startswith(" "):
-            continue  # another metric whose name starts the same way
-        fields = rest.split()
-        try:
-            return float(fields[0]) if fields else None
-        except ValueError:
-            return None
-    return None
 
 
 def accept_length_from_server_info(info: object) -> float | None:
@@ -128,7 +110,10 @@ class ServerProbe:
             return None
         if status != 200:
             return None
-        return parse_prometheus_value(body.decode(errors="replace"), SPEC_ACCEPT_LENGTH_METRIC)
+        try:
+            return parse_metrics(body.decode(errors="replace")).spec_accept_length
+        except ValueError:  # not Prometheus text
+            return None
 
 
 @dataclass(frozen=True)

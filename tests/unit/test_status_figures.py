@@ -8,6 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
+from inference.metrics_reader import parse_metrics
 from inference.records import Quality
 from producer.errors import SettingsError
 from producer.status import (
@@ -53,7 +54,6 @@ from workers.heartbeat import (
     accept_length_from_server_info,
     decode_heartbeat,
     encode_heartbeat,
-    parse_prometheus_value,
 )
 
 START_S = 1_800_000_000.0  # the fake clock's first completion
@@ -265,9 +265,9 @@ def test_the_accept_length_is_read_from_server_info_or_metrics_text() -> None:
         "sglang:spec_accept_length_bucket 9\n"
         'sglang:spec_accept_length{model_name="qwen"} 3.52\n'
     )
-    assert parse_prometheus_value(text, "sglang:spec_accept_length") == 3.52
-    assert parse_prometheus_value("sglang:spec_accept_length 2.5\n", "sglang:spec_accept_length") == 2.5
-    assert parse_prometheus_value("other 1\n", "sglang:spec_accept_length") is None
+    assert parse_metrics(text).spec_accept_length == 3.52
+    assert parse_metrics("sglang:spec_accept_length 2.5\n").spec_accept_length == 2.5
+    assert parse_metrics("other 1\n").spec_accept_length is None
 
 
 def test_durations_and_sizes_read_naturally() -> None:
