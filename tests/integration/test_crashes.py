@@ -12,7 +12,7 @@ import redis
 from inference.simulator import SimulatorProcess
 from producer.gc import collect_orphans
 from producer.local_stack import wait_until
-from tests.support import datasets
+from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger
 from workers.manifest import DATA_PREFIX, read_manifest
@@ -68,8 +68,8 @@ def test_a_generate_worker_killed_mid_batch_loses_only_its_requests_in_flight(
     # Given a run in progress on one GPU
     stack.start_generator(0)
     stack.start_uploader()
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(160, "kill")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, "kill")]
     )
     run = "kill-generate"
     stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
@@ -98,8 +98,8 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     (output / "manifest").write_text("in the way")
     stack.start_generator(0)
     stack.start_uploader()
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(200, "up")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(200, "up")]
     )
     run = "kill-uploader"
     stack.enqueue(data, run, "--output", str(output), "--batch-size", "16")

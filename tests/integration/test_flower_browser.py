@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from producer.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until
-from tests.support import datasets
+from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.app import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
@@ -199,8 +199,8 @@ def test_flower_shows_both_queues_and_busy_workers_during_a_run(
     names = worker_names(running_stack)
     generator_prefixes = [prefix for role, prefix in names.items() if role != "upload"]
     # Given a run of 480 prompts in batches of 8 on two slow GPUs, watched by Flower
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(PROMPTS, "flower")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "flower")]
     )
     running_stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", str(BATCH_SIZE))
 

@@ -19,7 +19,7 @@ from inference.errors import InferenceRejected
 from inference.metrics_reader import fetch_metrics
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import wait_until
-from tests.support import datasets
+from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.app import GENERATE_QUEUE
 from workers.ledger import RunLedger
@@ -111,8 +111,8 @@ def test_a_hung_server_is_noticed_its_work_requeued_and_the_run_completes_after_
     stack: Stack, sim: SimulatorProcess, gate: Path, tmp_path: Path
 ) -> None:
     # Given a run of 100 prompts in progress on one GPU
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(PROMPTS, "hang")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "hang")]
     )
     run = "liveness"
     stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)

@@ -19,7 +19,7 @@ import redis
 
 from inference.records import Quality
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
-from tests.support import datasets
+from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.keys import RunKeys
 from workers.ledger import RunLedger
@@ -67,20 +67,20 @@ def generations_per_prompt(sims: list[SimulatorProcess], run: str) -> Counter[st
 
 
 FORMATS = {
-    "messages-jsonl": lambda tmp, rows: datasets.write_jsonl(
-        tmp / "d.jsonl", [datasets.as_messages(r) for r in rows]
+    "messages-jsonl": lambda tmp, rows: prompt_files.write_jsonl(
+        tmp / "d.jsonl", [prompt_files.as_messages(r) for r in rows]
     ),
-    "prompt-jsonl": lambda tmp, rows: datasets.write_jsonl(
-        tmp / "d.jsonl", [datasets.as_prompt(r) for r in rows]
+    "prompt-jsonl": lambda tmp, rows: prompt_files.write_jsonl(
+        tmp / "d.jsonl", [prompt_files.as_prompt(r) for r in rows]
     ),
-    "sharegpt-jsonl": lambda tmp, rows: datasets.write_jsonl(
-        tmp / "d.jsonl", [datasets.as_sharegpt(r) for r in rows]
+    "sharegpt-jsonl": lambda tmp, rows: prompt_files.write_jsonl(
+        tmp / "d.jsonl", [prompt_files.as_sharegpt(r) for r in rows]
     ),
-    "parquet": lambda tmp, rows: datasets.write_parquet(
-        tmp / "d.parquet", [datasets.as_messages(r) for r in rows]
+    "parquet": lambda tmp, rows: prompt_files.write_parquet(
+        tmp / "d.parquet", [prompt_files.as_messages(r) for r in rows]
     ),
-    "hf-folder": lambda tmp, rows: datasets.write_hf_folder(
-        tmp / "hf", [datasets.as_prompt(r) for r in rows]
+    "hf-folder": lambda tmp, rows: prompt_files.write_hf_folder(
+        tmp / "hf", [prompt_files.as_prompt(r) for r in rows]
     ),
 }
 
@@ -90,7 +90,7 @@ def test_a_few_hundred_prompts_run_end_to_end_in_each_format(
     stack: Stack, tmp_path: Path, input_format: str
 ) -> None:
     # Given a dataset of 200 prompts in this format
-    data = FORMATS[input_format](tmp_path, datasets.questions(PROMPTS_PER_FORMAT, input_format))
+    data = FORMATS[input_format](tmp_path, prompt_files.questions(PROMPTS_PER_FORMAT, input_format))
     run = f"e2e-{input_format}"
     # When it is enqueued and the workers finish
     output = stack.enqueue(data, run, "--output", str(tmp_path / "out"))
@@ -107,8 +107,8 @@ def test_a_few_hundred_prompts_run_end_to_end_in_each_format(
 
 
 def test_the_configured_sampling_fields_arrive_at_the_server(stack: Stack, tmp_path: Path) -> None:
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(20, "sampling")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(20, "sampling")]
     )
     run = "e2e-sampling"
     stack.enqueue(
@@ -149,7 +149,7 @@ def test_quality_labels_match_each_truncation_case(stack: Stack, tmp_path: Path)
     # Given prompts whose outcome under a 3000-token budget the simulator's model predicts
     budget = 3000
     sim_settings = SimulatorSettings(context_length=CONTEXT_LENGTH)
-    rows = datasets.questions(120, "quality")
+    rows = prompt_files.questions(120, "quality")
     expected: dict[str, Quality] = {}
     for row in rows:
         outcome = predict_outcome(sim_settings, [{"role": "user", "content": row["question"]}], budget)
@@ -160,7 +160,7 @@ def test_quality_labels_match_each_truncation_case(stack: Stack, tmp_path: Path)
         else:
             expected[str(row["id"])] = Quality.OK
     assert set(expected.values()) == set(Quality) - {Quality.EMPTY_ANSWER, Quality.NO_REASONING}
-    data = datasets.write_jsonl(tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in rows])
+    data = prompt_files.write_jsonl(tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in rows])
     # When they run
     run = "e2e-quality"
     stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--max-tokens", str(budget))
@@ -171,8 +171,8 @@ def test_quality_labels_match_each_truncation_case(stack: Stack, tmp_path: Path)
 
 
 def test_enqueue_re_run_mid_run_and_after_the_end_duplicates_nothing(stack: Stack, tmp_path: Path) -> None:
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(150, "rerun")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(150, "rerun")]
     )
     run = "e2e-rerun"
     stack.enqueue(data, run, "--output", str(tmp_path / "out"))
@@ -189,7 +189,7 @@ def test_enqueue_re_run_mid_run_and_after_the_end_duplicates_nothing(stack: Stac
 def test_bad_rows_are_reported_and_every_other_row_completes(stack: Stack, tmp_path: Path) -> None:
     too_long = "word " * (CONTEXT_LENGTH + 10)
     assert count_prompt_tokens([{"role": "user", "content": too_long}]) > CONTEXT_LENGTH
-    good = [datasets.as_prompt(r) for r in datasets.questions(30, "bad")]
+    good = [prompt_files.as_prompt(r) for r in prompt_files.questions(30, "bad")]
     rows: list[object] = [
         *good[:10],
         '{"id": "broken", "prompt": ',
@@ -199,7 +199,7 @@ def test_bad_rows_are_reported_and_every_other_row_completes(stack: Stack, tmp_p
         {"id": "too-long", "prompt": too_long},
         *good[10:],
     ]
-    data = datasets.write_jsonl(tmp_path / "d.jsonl", rows)
+    data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
     run = "e2e-bad-rows"
     output = stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--max-tokens", "4096")
     # The four malformed rows are refused at enqueue, by line number and reason
@@ -220,8 +220,8 @@ def test_a_run_commits_to_s3_over_http_and_datasets_and_pandas_read_it(
     stack: Stack, tmp_path: Path, s3_bucket: str
 ) -> None:
     # Given a run whose output is an S3 bucket (moto's server, reached over HTTP by the workers)
-    data = datasets.write_jsonl(
-        tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in datasets.questions(120, "s3")]
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(120, "s3")]
     )
     run = "e2e-s3"
     stack.enqueue(data, run, "--output", f"s3://{s3_bucket}/runs/{run}")

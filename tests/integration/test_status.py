@@ -29,7 +29,7 @@ from inference.simulator import RequestRecord, SimulatorSettings, predict_outcom
 from producer.cli import main as producer_main
 from producer.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
 from producer.status import RunStatus, gather_status
-from tests.support import datasets
+from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.control import PAUSED_BY_GATE, PAUSED_BY_USER
 from workers.keys import RunKeys
@@ -147,8 +147,9 @@ def holds_for(condition: Callable[[], bool], seconds: float, *, timeout_s: float
 
 
 def prompts_file(tmp_path: Path, count: int, prefix: str) -> Path:
-    return datasets.write_jsonl(
-        tmp_path / f"{prefix}.jsonl", [datasets.as_prompt(r) for r in datasets.questions(count, prefix)]
+    return prompt_files.write_jsonl(
+        tmp_path / f"{prefix}.jsonl",
+        [prompt_files.as_prompt(r) for r in prompt_files.questions(count, prefix)],
     )
 
 
@@ -435,7 +436,7 @@ def test_the_retry_policy_gives_prompts_truncated_in_thinking_a_doubled_budget(
     stack: Stack, tmp_path: Path
 ) -> None:
     run = "status-retry"
-    rows = datasets.questions(RETRY_PROMPTS, run)
+    rows = prompt_files.questions(RETRY_PROMPTS, run)
     sim_settings = SimulatorSettings()
 
     def budgets(question: object) -> list[int]:
@@ -452,7 +453,7 @@ def test_the_retry_policy_gives_prompts_truncated_in_thinking_a_doubled_budget(
     expected = {str(row["id"]): budgets(row["question"]) for row in rows}
     assert any(len(asked) > 1 for asked in expected.values())
     stack.enqueue(
-        datasets.write_jsonl(tmp_path / "d.jsonl", [datasets.as_prompt(r) for r in rows]),
+        prompt_files.write_jsonl(tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in rows]),
         run,
         "--output",
         str(tmp_path / "out"),
