@@ -16,6 +16,7 @@ from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.errors import ProducerError, RunNotFound
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S, collect_orphans
 from producer.reading import iter_prompts
+from producer.recover import recover_run, write_run_settings
 from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
@@ -23,7 +24,7 @@ from workers.keys import RunKeys, check_run_name
 from workers.manifest import committed_locations
 from workers.runs import RunSettings, TruncationPolicy, decode_run_settings
 from workers.settings import WorkerSettings
-from workers.storage import open_store
+from workers.storage import normalise_output_url, open_store
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
@@ -38,6 +39,7 @@ HELP_EPILOG = """examples:
   python -m producer enqueue s3://bucket/data/train.parquet --run qwen-think-v1   # again: adds only new
   python -m producer verify --run qwen-think-v1
   python -m producer gc --run qwen-think-v1 --dry-run
+  python -m producer recover --run qwen-think-v1 --output s3://bucket/runs   # after losing Redis
   python -c "import pandas as pd, sys; print(pd.concat(map(pd.read_parquet, sys.argv[1:])))" \
       $(python -m producer files --run qwen-think-v1)
 """
@@ -115,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true")
     gc.set_defaults(handler=cmd_gc)
+    recover = commands.add_parser(
+        "recover", help="rebuild a run's Redis state from its output after losing Redis"
+    )
+    recover.add_argument("--run", required=True)
+    recover.add_argument(
+        "--output", dest="output_url", required=True, help="the run's s3://bucket/prefix or folder"
+    )
+    recover.set_defaults(handler=cmd_recover)
+
     files = commands.add_parser(
         "files", help="list the committed objects (the only ones to read), one per line"
     )
@@ -190,6 +201,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     )
     items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
     pinned = pin_settings(client, given)
+    write_run_settings(open_store(pinned.output_url), pinned)  # also proves the output is writable, now
 
     publisher = BatchPublisher(
         make_app(dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings)))
@@ -211,6 +223,18 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
     for line in describe(report):
         print(line)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = _redis(args, settings)
+    store = open_store(normalise_output_url(args.output_url))
+    report = recover_run(client, store, check_run_name(args.run))
+    restored = "restored from run.json" if report.settings_restored else "already pinned, the same"
+    print(f"run {args.run}: settings {restored}")
+    print(f"committed           {report.committed} prompts in {report.parts} objects")
+    print(f"newly marked done   {report.newly_marked_done}")
+    print("Re-run `enqueue` with the run's data: it queues only what was never committed.")
+    return EXIT_OK
 
 
 def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:

@@ -16,6 +16,7 @@ from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger
 from workers.manifest import DATA_PREFIX, read_manifest
+from workers.parquet_io import prompt_ids_in
 from workers.storage import open_store
 
 pytestmark = pytest.mark.integration
@@ -123,3 +124,42 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     report = collect_orphans(store, min_age_s=0)
     assert set(report.removed) == orphans
     assert stack.verify(run).returncode == 0
+
+
+def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_run(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a run half-way, some of it committed
+    output = tmp_path / "out"
+    stack.start_generator(0)
+    stack.start_uploader()
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, "lost")]
+    )
+    run = "lost-redis"
+    stack.enqueue(data, run, "--output", str(output), "--batch-size", "16")
+    client = redis.Redis.from_url(stack.redis_url)
+    ledger = RunLedger(client, run)
+    wait_until(lambda: ledger.counts().done >= 40, timeout_s=60, what="40 prompts committed")
+    # When every process stops and Redis loses everything
+    for process in [*stack.generators, stack.uploader]:
+        assert process is not None
+        process.kill()
+    store = open_store(output.as_uri())
+    committed_before = {pid for entry in read_manifest(store) for pid in prompt_ids_in(store.get(entry.key))}
+    assert 40 <= len(committed_before) < 160
+    client.flushdb()
+    # Then recover rebuilds the committed state from the output alone
+    recovered = stack.producer("recover", "--run", run, "--output", str(output))
+    assert recovered.returncode == 0, recovered.stderr
+    assert ledger.counts().done == len(committed_before)
+    # And re-enqueueing the same data queues only what was never committed, and the run finishes once
+    stack.start_generator(0)
+    stack.start_uploader()
+    again = stack.enqueue(data, run)
+    assert f"new                 {160 - len(committed_before)} prompts" in again
+    stack.wait_finished(run, timeout_s=120)
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    generations = ok_generations(stack.sims[0], run)
+    assert {pid: generations[pid] for pid in committed_before} == dict.fromkeys(committed_before, 1)

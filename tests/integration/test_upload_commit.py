@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -10,13 +11,14 @@ import redis
 
 from inference.records import DeadLetter, SamplingSettings
 from producer.gc import collect_orphans
+from producer.recover import recover_run, write_run_settings
 from producer.verify import verify_run
 from tests.support.records import completion, prompt
 from workers.errors import RetryLater
 from workers.ledger import RunLedger
-from workers.manifest import DATA_PREFIX, read_manifest
+from workers.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest
 from workers.parquet_io import completions_to_parquet
-from workers.runs import RunSettings, encode_run_settings
+from workers.runs import RunSettings, encode_run_settings, load_run_settings
 from workers.settings import UploadSettings
 from workers.storage import ObjectStore, open_store
 from workers.uploader import Uploader
@@ -37,6 +39,22 @@ def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> Ru
 
 def uploader(client: redis.Redis, store: ObjectStore, **settings: float) -> Uploader:
     return Uploader(client, UploadSettings(**settings), lambda _run: store)  # type: ignore[arg-type]
+
+
+def commit_part_without_redis(store: ObjectStore, prompt_ids: list[str]) -> None:
+    """What a flush that died between its manifest entry and its Redis commit leaves: part 0 committed."""
+    data = completions_to_parquet([completion(prompt_id) for prompt_id in prompt_ids])
+    key = "data/part-000000-crashed.parquet"
+    store.put(key, data)
+    entry = ManifestEntry(
+        part=0,
+        key=key,
+        count=len(prompt_ids),
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        committed_at=1.0,
+    )
+    store.put_if_absent(manifest_key(0), encode_entry(entry))
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -126,13 +144,7 @@ def test_a_flush_interrupted_after_its_manifest_entry_is_adopted_not_repeated(
     ledger = start_run(redis_client, store.url, ["a", "b", "c"])
     for prompt_id in "abc":
         ledger.stage(completion(prompt_id))
-    crashed = completions_to_parquet([completion("a"), completion("b")])
-    store.put("data/part-000000-crashed.parquet", crashed)
-    store.put_if_absent(
-        "manifest/part-000000.json",
-        b'{"part":0,"key":"data/part-000000-crashed.parquet","count":2,"bytes":%d,"sha256":"%s","committed_at":1}'
-        % (len(crashed), __import__("hashlib").sha256(crashed).hexdigest().encode()),
-    )
+    commit_part_without_redis(store, ["a", "b"])
     # When the next flush runs
     report = uploader(redis_client, store).flush(RUN)
     # Then part 0 is adopted as it was, c goes into part 1, and nothing is committed twice
@@ -176,3 +188,22 @@ def test_pending_skips_prompts_already_staged_done_or_dead(
     ledger.dead_letter(DeadLetter(prompt_id="b", row=2, reason="x", error="y", attempts=1))
     redis_client.sadd(ledger.keys.done, "c")
     assert [p.id for p in ledger.pending([prompt(i) for i in "abcd"])] == ["d"]
+
+
+def test_recover_on_a_live_redis_takes_committed_prompts_out_of_the_upload_path(
+    redis_client: redis.Redis, store: ObjectStore
+) -> None:
+    # Given a flush that committed part 0 in the object store, then died before marking Redis
+    ledger = start_run(redis_client, store.url, ["a", "b", "c"])
+    for prompt_id in "abc":
+        ledger.stage(completion(prompt_id))
+    write_run_settings(store, load_run_settings(redis_client, RUN))
+    commit_part_without_redis(store, ["a", "b"])
+    # When the run is recovered from its output, then flushed
+    report = recover_run(redis_client, store, RUN)
+    uploader(redis_client, store, max_age_s=0).flush(RUN)
+    # Then a and b count once, c goes into part 1, and nothing is committed twice
+    assert (report.committed, report.newly_marked_done) == (2, 2)
+    assert [e.count for e in read_manifest(store)] == [2, 1]
+    result = verify_run(redis_client, RUN, store)
+    assert result.ok, result
