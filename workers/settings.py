@@ -24,7 +24,9 @@ DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
 DEFAULT_UPLOAD_MAX_COMPLETIONS = 1000
 DEFAULT_UPLOAD_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_UPLOAD_MAX_AGE_S = 60.0
-DEFAULT_UPLOAD_LOCK_S = 300.0
+# Lease of a run's flush lock, renewed before each part. An uploader killed mid-flush holds it until it
+# expires, so it is short: one part (at most 64 MB to S3) takes seconds.
+DEFAULT_UPLOAD_LOCK_S = 60.0
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_CAP_S = 60.0
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.integration
 
 SLOW_SPEEDUP = 60.0  # a batch lasts seconds, so a kill lands in the middle of one
 VISIBILITY_TIMEOUT_S = "8"  # a killed worker's batches come back after this
+UPLOAD_LOCK_S = "5"
 
 
 @pytest.fixture
@@ -42,6 +43,8 @@ def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterat
         extra_env={
             "DRAFTGEN_VISIBILITY_TIMEOUT_S": VISIBILITY_TIMEOUT_S,
             "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "1000",
+            # an uploader killed mid-flush holds the run's flush lock until its lease ends
+            "DRAFTGEN_UPLOAD_LOCK_S": UPLOAD_LOCK_S,
         },
     )
     yield running
