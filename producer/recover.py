@@ -10,33 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
 import redis
 
 from producer.errors import RunNotFound, SettingsError
 from workers.keys import RUNS_KEY, RunKeys
+from workers.ledger import RunLedger
 from workers.manifest import SETTINGS_KEY, encode_entry, read_manifest
 from workers.parquet_io import prompt_ids_in
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 from workers.storage import ObjectMissing, ObjectStore
 
 IDS_PER_COMMAND = 10_000
-# Committed prompts join `done` and `enqueued`, and leave the upload path if a copy waits there
-# (otherwise a later flush would commit them a second time).
-_MARK_COMMITTED = """
-local newly = 0
-for _, id in ipairs(cjson.decode(ARGV[1])) do
-  newly = newly + redis.call('SADD', KEYS[1], id)
-  redis.call('SADD', KEYS[2], id)
-  local size = redis.call('HSTRLEN', KEYS[3], id)
-  if size > 0 then
-    redis.call('HDEL', KEYS[3], id)
-    redis.call('DECRBY', KEYS[5], size)
-  end
-  redis.call('ZREM', KEYS[4], id)
-end
-return newly
-"""
 
 
 @dataclass
@@ -73,14 +57,12 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
             "Redis pins other settings than the output's run.json:\n  " + "\n  ".join(changed)
         )
     client.sadd(RUNS_KEY, run)
-    mark_committed = client.register_script(_MARK_COMMITTED)
-    mark_keys = [keys.done, keys.enqueued, keys.staged, keys.staged_index, keys.staged_bytes]
+    ledger = RunLedger(client, run)
     entries = read_manifest(store)
     for entry in entries:
         ids = prompt_ids_in(store.get(entry.key))
         for start in range(0, len(ids), IDS_PER_COMMAND):
-            chunk = msgspec.json.encode(ids[start : start + IDS_PER_COMMAND])
-            report.newly_marked_done += int(mark_committed(keys=mark_keys, args=[chunk]))
+            report.newly_marked_done += ledger.mark_committed(ids[start : start + IDS_PER_COMMAND])
         report.committed += len(ids)
     report.parts = len(entries)
     if entries:

@@ -47,27 +47,50 @@ redis.call('HINCRBY', KEYS[4], 'dead:' .. ARGV[3], 1)
 return 1
 """
 
-# Commit one object: only while holding the upload lock, and only for the expected part number.
-# Returns the number of prompts newly marked done, or an error when the lock or part changed.
-_COMMIT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
-local part = tonumber(redis.call('GET', KEYS[2]) or '0')
-if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
-local newly = 0
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  newly = newly + redis.call('SADD', KEYS[3], id)
+# Marking a prompt committed: into `done`, out of the upload path. Shared by the scripts below, whose
+# KEYS[3..6] are always done, staged, staged_index, staged_bytes.
+_MARK_DONE = """
+local function mark_done(id)
+  local added = redis.call('SADD', KEYS[3], id)
   local size = redis.call('HSTRLEN', KEYS[4], id)
   if size > 0 then
     redis.call('HDEL', KEYS[4], id)
     redis.call('DECRBY', KEYS[6], size)
   end
   redis.call('ZREM', KEYS[5], id)
+  return added
 end
+"""
+
+# Commit one object: only while holding the upload lock, and only for the expected part number.
+# Returns the number of prompts newly marked done, or an error when the lock or part changed.
+_COMMIT = (
+    _MARK_DONE
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local part = tonumber(redis.call('GET', KEYS[2]) or '0')
+if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
+local newly = 0
+for i = 4, #ARGV do newly = newly + mark_done(ARGV[i]) end
 redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('SET', KEYS[2], part + 1)
 return newly
 """
+)
+
+# Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
+# and enqueued (KEYS[1]), whatever Redis remembered.
+_MARK_COMMITTED = (
+    _MARK_DONE
+    + """
+local newly = 0
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  newly = newly + mark_done(id)
+  redis.call('SADD', KEYS[1], id)
+end
+return newly
+"""
+)
 
 
 EVENTS_KEPT = 200_000  # completion events kept per run for recent rates (about an hour at 50/s)
@@ -100,6 +123,7 @@ class RunLedger:
         self._stage = client.register_script(_STAGE)
         self._dead_letter = client.register_script(_DEAD_LETTER)
         self._commit = client.register_script(_COMMIT)
+        self._mark_committed = client.register_script(_MARK_COMMITTED)
 
     def pending(self, prompts: Sequence[Prompt]) -> list[Prompt]:
         """The prompts of a batch that still need generating (a redelivered batch skips the rest)."""
@@ -158,6 +182,18 @@ class RunLedger:
             self.keys.manifest,
         ]
         return int(self._commit(keys=keys, args=[lock_token, part, manifest_entry, *prompt_ids]))
+
+    def mark_committed(self, prompt_ids: list[str]) -> int:
+        """Record prompts the object store shows committed (recovery); returns how many were not done."""
+        keys = [
+            self.keys.enqueued,
+            self.keys.next_part,  # unused: keeps KEYS[3..6] where _MARK_DONE expects them
+            self.keys.done,
+            self.keys.staged,
+            self.keys.staged_index,
+            self.keys.staged_bytes,
+        ]
+        return int(self._mark_committed(keys=keys, args=[msgspec.json.encode(prompt_ids)]))
 
     def counts(self) -> RunCounts:
         with self.client.pipeline(transaction=False) as pipe:
