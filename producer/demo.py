@@ -148,7 +148,8 @@ def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
         verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
         console.print(
             f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
-            f"         python -m producer --redis-url {redis_url} files --run {run}   # the objects to read, while the demo runs\n"
+            f"         python -m producer --redis-url {redis_url} files --run {run}\n"
+            "         (the objects to read; needs the demo's Redis, so before Ctrl-C)\n"
             f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
             f"Logs:    {stack.workdir / 'logs'}"
         )
