@@ -1,4 +1,4 @@
-"""The Celery app: Redis as broker, late acks, no pickle, events on for Flower.
+"""The Celery app: Redis as broker, late acks, JSON messages only, events on for Flower.
 
 Configured from `WorkerSettings` (the `DRAFTGEN_*` environment) when the process starts.
 """
