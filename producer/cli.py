@@ -20,11 +20,11 @@ from producer.recover import recover_run, write_run_settings
 from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
-from workers.keys import RunKeys, check_run_name
+from workers.keys import InvalidRunName, RunKeys, check_run_name
 from workers.manifest import committed_locations
 from workers.runs import RunSettings, TruncationPolicy, decode_run_settings
 from workers.settings import WorkerSettings
-from workers.storage import normalise_output_url, open_store
+from workers.storage import UnsupportedStoreUrl, normalise_output_url, open_store
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     except ProducerError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as error:  # an invalid run name
+    except (InvalidRunName, UnsupportedStoreUrl) as error:  # a bad --run or --output
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return exit_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class Stack:
         return subprocess.run(
             [sys.executable, "-m", "producer", *args],
             cwd=PROJECT_ROOT,
-            env={**__import__("os").environ, **self.env()},
+            env={**os.environ, **self.env()},
             capture_output=True,
             text=True,
             check=False,
