@@ -89,9 +89,18 @@ class Completion(Record, frozen=True):
     budget_retries: int = 0  # times the budget was doubled after thinking was cut off
 
 
+class DeadLetterReason(enum.StrEnum):
+    """Why a prompt will get no completion: a short, stable category (the message says the rest)."""
+
+    REJECTED_BY_SERVER = "rejected_by_server"  # 400: over the context, bad values
+    FAILED_EVERY_ATTEMPT = "failed_every_attempt"
+    TRUNCATED_IN_THINKING = "truncated_in_thinking"  # the `drop` policy for thinking cut by the budget
+    BATCH_FAILED = "batch_failed"  # its batch kept failing unexpectedly
+
+
 class DeadLetter(Record, frozen=True):
     prompt_id: str
     row: int
-    reason: str  # a short stable category, e.g. "rejected_by_server"
+    reason: str  # a DeadLetterReason value (kept a plain string on the wire for older readers)
     error: str  # the server's or client's message
     attempts: int

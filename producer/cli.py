@@ -175,6 +175,8 @@ def _print_enqueue_report(report: EnqueueReport) -> None:
 def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     from producer.publisher import BatchPublisher  # Celery only where messages are sent
     from workers.app import make_app
+    from workers.dispatch import CeleryDispatcher
+    from workers.reconciler import Reconciler, ReconcileSettings
 
     run = check_run_name(args.run)
     client = _redis(args, settings)
@@ -203,15 +205,20 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     pinned = pin_settings(client, given)
     write_run_settings(open_store(pinned.output_url), pinned)  # also proves the output is writable, now
 
-    publisher = BatchPublisher(
-        make_app(dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings)))
-    )
+    worker_settings = dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings))
+    app = make_app(worker_settings)
+    publisher = BatchPublisher(app)
     try:
         report = Enqueuer(client, pinned, publisher, source=args.data).enqueue(items)
     finally:
         publisher.close()
+    # A re-run also sends again every batch of the run that no message carries and nobody leases.
+    requeue = ReconcileSettings(upload_max_age_s=worker_settings.upload.max_age_s, stranded_grace_s=0.0)
+    stranded = Reconciler(client, CeleryDispatcher(app), requeue).reconcile_run(run)
     print(f"run {run}: output {pinned.output_url}")
     _print_enqueue_report(report)
+    if stranded.expired_leases or stranded.stranded:
+        print(f"requeued            {stranded.expired_leases + stranded.stranded} batches no message carried")
     return EXIT_OK
 
 

@@ -24,6 +24,7 @@ from producer.errors import SettingsError
 from producer.rows import RejectedRow
 from workers.codec import encode_blob
 from workers.keys import RUNS_KEY, RunKeys
+from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, Scripts
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 log = logging.getLogger(__name__)
@@ -33,34 +34,6 @@ BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 SESSION_TTL_S = 24 * 3600
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
-
-
-# Ids travel as one JSON argument: packing a thousand separate arguments cost more than the rest of
-# enqueue together.
-ALREADY_THERE = "a"
-DUPLICATE_IN_INPUT = "d"
-_CLASSIFY = """
-local out = {}
-for i, id in ipairs(cjson.decode(ARGV[1])) do
-  if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
-  elseif redis.call('SISMEMBER', KEYS[1], id) == 1 then out[i] = 'a'
-  else out[i] = 'n' end
-end
-return table.concat(out)
-"""
-# One atomic step: the new ids join the run with the batches that carry them and their outbox entries.
-_CLAIM = """
-for _, id in ipairs(cjson.decode(ARGV[1])) do
-  redis.call('SADD', KEYS[1], id)
-  redis.call('SADD', KEYS[2], id)
-end
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-for i = 3, #ARGV, 3 do
-  redis.call('SET', ARGV[i], ARGV[i + 1])
-  redis.call('SADD', KEYS[3], ARGV[i + 2])
-end
-return 1
-"""
 
 
 @dataclass
@@ -121,8 +94,7 @@ class Enqueuer:
         self.source = source
         self.keys = RunKeys(settings.run)
         self.session_key = self.keys.enqueue_session(uuid.uuid4().hex)
-        self._classify = client.register_script(_CLASSIFY)
-        self._claim = client.register_script(_CLAIM)
+        self._scripts = Scripts.register(client)
 
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
         """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones."""
@@ -162,10 +134,12 @@ class Enqueuer:
             )
             for start in range(0, len(new), size)
         ]
+        keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
         args: list[str | bytes | int] = [msgspec.json.encode([p.id for p in new]), SESSION_TTL_S]
         for batch in batches:
-            args += [self.keys.batch(batch.batch_id), encode_blob(batch), batch.batch_id]
-        self._claim(keys=[self.keys.enqueued, self.session_key, self.keys.unpublished], args=args)
+            keys.append(self.keys.batch(batch.batch_id))
+            args += [encode_blob(batch), batch.batch_id]
+        self._scripts.claim(keys=keys, args=args)
         report.new += len(new)
         report.batches += len(batches)
         return [batch.batch_id for batch in batches]
@@ -174,7 +148,7 @@ class Enqueuer:
         if not prompts:
             return []
         ids = msgspec.json.encode([p.id for p in prompts])
-        statuses = self._classify(keys=[self.keys.enqueued, self.session_key], args=[ids]).decode()
+        statuses = self._scripts.classify(keys=[self.keys.enqueued, self.session_key], args=[ids]).decode()
         new: list[Prompt] = []
         seen_in_chunk: set[str] = set()
         for prompt, status in zip(prompts, statuses, strict=True):

@@ -25,6 +25,15 @@ from producer.settings import ProducerSettings
 from producer.status import RunStatus, gather_status, parse_counters, queue_depths
 from workers.heartbeat import read_heartbeats
 from workers.keys import RUNS_KEY, RunKeys, check_run_name
+from workers.stats_fields import (
+    COMPLETION_TOKENS,
+    COMPLETIONS,
+    DEAD_PREFIX,
+    FINISH_PREFIX,
+    PROMPT_TOKENS,
+    QUALITY_PREFIX,
+    REASONING_TOKENS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +77,14 @@ def add_run(families: _Families, status: RunStatus, counters: dict[str, int]) ->
         ("prompts_committed", progress.committed, "Prompts in a committed object (listed in the manifest)."),
         ("prompts_dead_lettered", progress.dead_lettered, "Prompts that will get no completion."),
         ("rows_rejected", progress.rejected_rows, "Input rows refused at enqueue."),
-        ("completions", counters.get("completions", 0), "Completions generated (staged)."),
+        ("completions", counters.get(COMPLETIONS, 0), "Completions generated (staged)."),
         (
             "output_tokens",
-            counters.get("completion_tokens", 0),
+            counters.get(COMPLETION_TOKENS, 0),
             "Output tokens generated, thinking included.",
         ),
-        ("reasoning_tokens", counters.get("reasoning_tokens", 0), "Thinking tokens generated."),
-        ("prompt_tokens", counters.get("prompt_tokens", 0), "Prompt tokens of the completions."),
+        ("reasoning_tokens", counters.get(REASONING_TOKENS, 0), "Thinking tokens generated."),
+        ("prompt_tokens", counters.get(PROMPT_TOKENS, 0), "Prompt tokens of the completions."),
         ("objects_committed", status.upload.objects_committed, "Objects listed in the run's manifest."),
         ("committed_bytes", status.upload.committed_bytes, "Bytes of the committed objects."),
     ):
@@ -120,9 +129,9 @@ def add_run(families: _Families, status: RunStatus, counters: dict[str, int]) ->
 
 def _labelled_counters(families: _Families, run: str, counters: dict[str, int]) -> None:
     for prefix, name, label, doc in (
-        ("quality:", "completions_by_quality", "quality", "Completions by quality label."),
-        ("finish:", "completions_by_finish_reason", "finish_reason", "Completions by finish reason."),
-        ("dead:", "dead_letters", "reason", "Dead-lettered prompts by reason."),
+        (QUALITY_PREFIX, "completions_by_quality", "quality", "Completions by quality label."),
+        (FINISH_PREFIX, "completions_by_finish_reason", "finish_reason", "Completions by finish reason."),
+        (DEAD_PREFIX, "dead_letters", "reason", "Dead-lettered prompts by reason."),
     ):
         family = families.counter(name, doc, ["run", label])
         for key, value in sorted(counters.items()):

@@ -17,13 +17,21 @@ import redis
 
 from inference.records import Quality, Record
 from producer.errors import RunNotFound
-from workers.app import GENERATE_QUEUE, UPLOAD_QUEUE
 from workers.control import pause_state
 from workers.heartbeat import WorkerHeartbeat, read_heartbeats
 from workers.keys import RunKeys
 from workers.manifest import decode_entry
 from workers.quality_gate import DROPPED_TRUNCATIONS, GateReading, read_gate
+from workers.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY, QUEUES
 from workers.runs import RunSettings, decode_run_settings
+from workers.stats_fields import (
+    COMPLETION_TOKENS,
+    COMPLETIONS,
+    DEAD_PREFIX,
+    FINISH_PREFIX,
+    FIRST_COMPLETION_AT,
+    quality_field,
+)
 
 RATE_WINDOW_S = 60.0  # "recent" rates: completions of the last minute
 MIN_COMPLETIONS_FOR_ETA = 20  # fewer in the window and the rate is noise: the ETA says "unknown"
@@ -31,9 +39,7 @@ GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs se
 SECONDS_PER_HOUR = 3600.0
 MS_PER_S = 1000.0
 MICROSECONDS_PER_S = 1e6
-KOMBU_UNACKED_KEY = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 UNACKED_SCAN_COUNT = 1000
-QUEUES = (GENERATE_QUEUE, UPLOAD_QUEUE)
 QUALITY_SHOWN = (
     Quality.EMPTY_ANSWER,
     Quality.TRUNCATED_IN_THINKING,
@@ -353,24 +359,26 @@ def split_unacked(values: Iterable[bytes]) -> Counter[str]:
 def quality_figures(counters: Mapping[str, int]) -> QualityFigures:
     """Rates over the completions, counting truncations a drop policy dead-lettered as truncated too."""
     dropped = counters.get(DROPPED_TRUNCATIONS, 0)
-    judged = counters.get("completions", 0) + dropped
-    counts = {label.value: counters.get(f"quality:{label.value}", 0) for label in QUALITY_SHOWN}
+    judged = counters.get(COMPLETIONS, 0) + dropped
+    counts = {label.value: counters.get(quality_field(label.value), 0) for label in QUALITY_SHOWN}
     counts[Quality.TRUNCATED_IN_THINKING.value] += dropped
     return QualityFigures(
         judged=judged,
         counts=counts,
         rates={label: count / judged if judged else 0.0 for label, count in counts.items()},
         finish_reasons={
-            key.removeprefix("finish:"): value
+            key.removeprefix(FINISH_PREFIX): value
             for key, value in sorted(counters.items())
-            if key.startswith("finish:")
+            if key.startswith(FINISH_PREFIX)
         },
     )
 
 
 def dead_letters_by_reason(counters: Mapping[str, int]) -> dict[str, int]:
     return {
-        key.removeprefix("dead:"): value for key, value in sorted(counters.items()) if key.startswith("dead:")
+        key.removeprefix(DEAD_PREFIX): value
+        for key, value in sorted(counters.items())
+        if key.startswith(DEAD_PREFIX)
     }
 
 
@@ -484,17 +492,17 @@ def gather_status(
     recent_events = parse_events(recent_raw)
     oldest_events = parse_events(oldest_raw)
     started = run_started_s(
-        counters.get("first_completion_at"), oldest_events[0].at_s if oldest_events else None
+        counters.get(FIRST_COMPLETION_AT), oldest_events[0].at_s if oldest_events else None
     )
     last_completion = recent_events[0].at_s if recent_events else None
     paused = pause_state(client, run)
-    state = run_state(progress, completions=counters.get("completions", 0), paused=paused is not None)
+    state = run_state(progress, completions=counters.get(COMPLETIONS, 0), paused=paused is not None)
     ended = last_completion if state in (STATE_FINISHED, STATE_UPLOADING) and last_completion else now
     window = recent_window_s(now, started)
     window_events = events_in_window(parse_events(window_raw), now_s=now, window_s=window)
     last_minute = window_rates(window_events, now_s=now, window_s=window)
-    completions = counters.get("completions", 0)
-    output_tokens = counters.get("completion_tokens", 0)
+    completions = counters.get(COMPLETIONS, 0)
+    output_tokens = counters.get(COMPLETION_TOKENS, 0)
     elapsed = max(0.0, ended - started) if started is not None else 0.0
     eta = estimate_eta(progress.remaining, last_minute, now_s=now, paused=paused is not None)
     heartbeats = read_heartbeats(client)

@@ -1,5 +1,5 @@
-"""The Celery side: `celery -A workers worker -Q generate` (one per GPU) and `-Q upload` (the uploader)."""
+"""The Celery side: `celery -A workers worker -Q generate` (one per GPU) and `-Q upload` (the uploader).
 
-from workers.app import app
-
-__all__ = ["app"]
+`celery -A workers` finds the app in `workers/celery.py`, the process edge that builds it from the
+`DRAFTGEN_*` environment. Importing the package or any module of it builds no app.
+"""

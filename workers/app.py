@@ -1,22 +1,26 @@
 """The Celery app: Redis as broker, late acks, JSON messages only, events on for Flower.
 
-Configured from `WorkerSettings` (the `DRAFTGEN_*` environment) when the process starts.
+`make_app` builds it from `WorkerSettings`; `workers/__init__.py` does so from the `DRAFTGEN_*`
+environment when `celery -A workers` imports it (the process edge). The app carries the holder of the
+process's context (`app.draftgen`), which the tasks and the bootsteps are handed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_shutdown, worker_shutting_down
 
+from workers.context import ContextHolder, WorkerContext
 from workers.heartbeat_step import HeartbeatStep
 from workers.liveness_step import LivenessStep
+from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.reconciler_step import ReconcilerStep
 from workers.settings import WorkerSettings
+from workers.tasks import register_tasks
 
-GENERATE_QUEUE = "generate"
-UPLOAD_QUEUE = "upload"
-GENERATE_TASK = "draftgen.generate"
-FLUSH_TASK = "draftgen.flush"
 UNACKED_RESTORE_THROTTLE = 1  # sweep on every interval, not every 10th (kombu's default)
 BROKER_SOCKET_TIMEOUT_S = 30
 BROKER_CONNECT_TIMEOUT_S = 5
@@ -57,13 +61,26 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     }
 
 
-def make_app(settings: WorkerSettings) -> Celery:
-    app = Celery("draftgen", include=["workers.tasks"])
+def make_app(
+    settings: WorkerSettings, context_factory: Callable[[WorkerSettings], WorkerContext] = WorkerContext
+) -> Celery:
+    app = Celery("draftgen")
     app.conf.update(celery_config(settings))
-    app.conf.draftgen_settings = settings
+    contexts = ContextHolder(settings, context_factory)
+    app.draftgen = contexts
+    register_tasks(app, contexts)
     app.steps["consumer"].add(HeartbeatStep)
     app.steps["consumer"].add(LivenessStep)  # generate workers watch their server's token progress
+    app.steps["consumer"].add(ReconcilerStep)  # every worker takes its turn at reconciliation
+
+    def begin_shutdown(**_: object) -> None:
+        context = contexts.built()
+        if context is not None:
+            context.begin_shutdown()
+
+    def close_context(**_: object) -> None:
+        contexts.close()
+
+    worker_shutting_down.connect(begin_shutdown, weak=False)
+    worker_shutdown.connect(close_context, weak=False)
     return app
-
-
-app = make_app(WorkerSettings.from_env())

@@ -1,24 +1,39 @@
-"""One generate message: the batch's prompts that still need a completion, generated and handed over."""
+"""One generate message: lease the batch, generate what it still needs, hand it over, finish or hand back.
+
+`handle_generate` is what the Celery task calls. It returns a report when the message may be
+acknowledged, and raises RetryLater when the batch must come back later (its lease released, so
+nothing else redelivers it meanwhile). Whatever else happens, the lease runs out and the reconciler
+dispatches the batch again: no path leaves a batch without a message for good.
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from inference.records import DeadLetter, PromptBatch
+import redis
+
+from inference.records import DeadLetter, DeadLetterReason, PromptBatch
 from workers.codec import decode_blob
-from workers.context import WorkerContext
 from workers.control import pause_state
-from workers.errors import RetryLater
-from workers.generation import Truncation
+from workers.errors import RetryLater, RunBroken
+from workers.generation import BatchOutcome, Truncation
+from workers.leases import Acquired, Lease, defer_batch, finish_batch
 from workers.ledger import RunLedger
 from workers.quality_gate import check_quality_gate
+
+if TYPE_CHECKING:
+    from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
 PAUSED_RETRY_S = 30.0
 BACKLOG_RETRY_S = 30.0
-REASON_BATCH_FAILED = "batch_failed"
+HAND_BACK_NOW_S = 0.0  # a stopping worker's batches go back for another worker at once
+REDIS_UNREACHABLE_RETRY_S = 10.0
+UNEXPECTED_ERROR_RETRY_S = 60.0
+MAX_BATCH_FAILURES = 5  # unexpected errors on one batch before its prompts are dead-lettered
 MAX_STAGED_PER_RUN = 50_000  # upload backlog bound: past it, generation waits for the uploader
 
 
@@ -29,37 +44,92 @@ class BatchReport:
     generated: int
     dead_lettered: int
     skipped: int
+    note: str = ""
+
+    @property
+    def handed_over(self) -> bool:
+        return bool(self.generated or self.dead_lettered)
 
 
-def process_batch(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
-    """Generate what the batch still needs. Raises RetryLater to have the message delivered again later."""
+def _nothing(batch_id: str, note: str) -> BatchReport:
+    return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0, note=note)
+
+
+def handle_generate(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> BatchReport:
+    """The whole of one generate message, errors mapped: RetryLater, RunBroken, or a report."""
+    try:
+        return process_batch(ctx, run, batch_id, task_id)
+    except (RetryLater, RunBroken):
+        raise
+    except redis.RedisError as error:  # the coordination point is away: not the batch's fault
+        raise RetryLater(f"Redis unreachable: {error}", delay_s=REDIS_UNREACHABLE_RETRY_S) from error
+    except Exception as error:
+        return _count_failure(ctx, run, batch_id, error)
+
+
+def _count_failure(ctx: WorkerContext, run: str, batch_id: str, error: Exception) -> BatchReport:
+    log.exception("batch %s of run %s failed unexpectedly", batch_id, run)
+    try:
+        failures = int(ctx.redis.hincrby(RunLedger(ctx.redis, run).keys.batch_failures, batch_id, 1))
+        if failures >= MAX_BATCH_FAILURES:
+            given_up = dead_letter_batch(ctx, run, batch_id, f"{type(error).__name__}: {error}")
+            return BatchReport(batch_id, prompts=given_up, generated=0, dead_lettered=given_up, skipped=0)
+        defer_batch(ctx.redis, run, batch_id, UNEXPECTED_ERROR_RETRY_S)
+    except redis.RedisError as redis_error:  # counted or not, the batch comes back
+        log.warning("could not count the failure of batch %s: %s", batch_id, redis_error)
+    raise RetryLater(f"{type(error).__name__}: {error}", delay_s=UNEXPECTED_ERROR_RETRY_S) from error
+
+
+def process_batch(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> BatchReport:
+    """Generate what the batch still needs under its lease."""
+    if ctx.stopping.is_set():
+        raise RetryLater("worker shutting down", delay_s=HAND_BACK_NOW_S)
     ledger = RunLedger(ctx.redis, run)
     paused = pause_state(ctx.redis, run)
     if paused is not None:
+        defer_batch(ctx.redis, run, batch_id, PAUSED_RETRY_S)
         raise RetryLater(f"run {run!r} is paused: {paused.reason}", delay_s=PAUSED_RETRY_S)
     if ctx.redis.zcard(ledger.keys.staged_index) >= MAX_STAGED_PER_RUN:
+        defer_batch(ctx.redis, run, batch_id, BACKLOG_RETRY_S)
         raise RetryLater(
             f"run {run!r} has {MAX_STAGED_PER_RUN}+ completions awaiting upload", delay_s=BACKLOG_RETRY_S
         )
-    blob = ctx.redis.get(ledger.keys.batch(batch_id))
-    if blob is None:
+    ctx.run_settings(run)  # an unknown run is refused before anything is leased
+    acquired, lease = ctx.leases.acquire(run, batch_id, task_id)
+    if acquired is Acquired.FINISHED:
         log.info("batch %s of run %s: already finished", batch_id, run)
-        return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0)
+        return _nothing(batch_id, "already finished")
+    if acquired is Acquired.HELD:
+        log.info("batch %s of run %s: another worker is generating it", batch_id, run)
+        return _nothing(batch_id, "held by another worker")
+    try:
+        return _generate_leased(ctx, ledger, lease)
+    except RetryLater:
+        raise
+    except BaseException:
+        ctx.leases.abandon(lease)  # runs out; the reconciler dispatches the batch again
+        raise
+
+
+def _generate_leased(ctx: WorkerContext, ledger: RunLedger, lease: Lease) -> BatchReport:
+    run, batch_id = lease.run, lease.batch_id
+    blob = ctx.redis.get(ledger.keys.batch(batch_id))
+    if blob is None:  # finished between the lease and now
+        ctx.leases.abandon(lease)
+        return _nothing(batch_id, "already finished")
     batch = decode_blob(blob, PromptBatch)
     pending = ledger.pending(batch.prompts)
     settings = ctx.run_settings(run)
     truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
-    outcome = ctx.engine.run_batch(run, pending, settings.sampling, ledger, truncation)
+    outcome = ctx.engine.run_batch(
+        run, pending, settings.sampling, ledger, truncation, still_held=lambda: ctx.leases.held(lease)
+    )
     tripped = check_quality_gate(ctx.redis, run, settings.gate)
     if tripped:
         log.error("run %s paused by the quality gate: %s", run, tripped)
     if outcome.unreachable:
-        raise RetryLater(
-            f"batch {batch_id}: {len(outcome.unreachable)} prompts got no answer from "
-            f"{ctx.settings.server_url} ({outcome.last_error})",
-            delay_s=ctx.settings.server_down_retry_s,
-        )
-    ctx.redis.delete(ledger.keys.batch(batch_id))
+        return _hand_back(ctx, lease, outcome)
+    ctx.leases.finish(lease)
     report = BatchReport(
         batch_id,
         prompts=len(batch.prompts),
@@ -71,6 +141,18 @@ def process_batch(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
     return report
 
 
+def _hand_back(ctx: WorkerContext, lease: Lease, outcome: BatchOutcome) -> BatchReport:
+    """Some prompts got no answer: the batch comes back later, unless another execution has it now."""
+    delay_s = HAND_BACK_NOW_S if ctx.stopping.is_set() else ctx.settings.server_down_retry_s
+    if not ctx.leases.release(lease, delay_s=delay_s):
+        return _nothing(lease.batch_id, "taken over by another worker")
+    raise RetryLater(
+        f"batch {lease.batch_id}: {len(outcome.unreachable)} prompts got no answer from "
+        f"{ctx.settings.server_url} ({outcome.last_error})",
+        delay_s=delay_s,
+    )
+
+
 def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -> int:
     """Give up on a batch that keeps failing: its remaining prompts go to the dead-letter set."""
     ledger = RunLedger(ctx.redis, run)
@@ -79,11 +161,13 @@ def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -
         return 0
     batch = decode_blob(blob, PromptBatch)
     letters = [
-        DeadLetter(prompt_id=p.id, row=p.row, reason=REASON_BATCH_FAILED, error=error, attempts=0)
+        DeadLetter(
+            prompt_id=p.id, row=p.row, reason=DeadLetterReason.BATCH_FAILED, error=error, attempts=0
+        )
         for p in ledger.pending(batch.prompts)
     ]
     count = sum(ledger.dead_letter(letter) for letter in letters)
-    ctx.redis.delete(ledger.keys.batch(batch_id))
+    finish_batch(ctx.redis, run, batch_id)
     log.error(
         "batch %s of run %s: %d prompts dead-lettered after repeated failures: %s",
         batch_id,
@@ -92,8 +176,3 @@ def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -
         error,
     )
     return count
-
-
-def record_batch_failure(ctx: WorkerContext, run: str, batch_id: str) -> int:
-    """Count an unexpected failure of a batch; returns how many it has had."""
-    return int(ctx.redis.hincrby(RunLedger(ctx.redis, run).keys.batch_failures, batch_id, 1))

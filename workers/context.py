@@ -1,49 +1,88 @@
-"""What a worker process holds: its settings, one Redis client, and (on generate workers) one engine.
+"""What a worker process holds: its settings, one Redis client and, built on first use, the generation
+engine, the batch leases and the uploader.
 
-Built once per process from the environment at the edge (the Celery task module), then passed down.
+One `WorkerContext` per process, built from the settings the app was made with (the process edge)
+and handed to the tasks and the bootsteps through the app's `ContextHolder`.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from functools import cached_property
+from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 
 from inference.client import SGLangClient
 from inference.records import Origin
 from workers.generation import GenerationEngine, RetryPolicy
+from workers.leases import LeaseKeeper
+from workers.ledger import gpu_label
 from workers.runs import RunSettings, load_run_settings
 from workers.settings import WorkerSettings
 from workers.storage import ObjectStore, open_store
 from workers.uploader import Uploader
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class WorkerContext:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url)
+        self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
+        self.stopping = threading.Event()  # set on SIGTERM: take no new batch, hand held ones back
         self._lock = threading.Lock()
         self._run_settings: dict[str, RunSettings] = {}
         self._stores: dict[str, ObjectStore] = {}
+        self._engine: GenerationEngine | None = None
+        self._leases: LeaseKeeper | None = None
+        self._uploader: Uploader | None = None
 
-    @cached_property
+    def _once(self, name: str, build: Callable[[], T]) -> T:
+        with self._lock:
+            value: T | None = getattr(self, name)
+            if value is None:
+                value = build()
+                setattr(self, name, value)
+            return value
+
+    @property
     def engine(self) -> GenerationEngine:
         settings = self.settings
-        return GenerationEngine(
-            lambda: SGLangClient(settings.client_settings()),
-            max_in_flight=settings.max_in_flight,
-            retry=RetryPolicy(
-                max_attempts=settings.max_attempts,
-                backoff_base_s=settings.backoff_base_s,
-                backoff_cap_s=settings.backoff_cap_s,
+        return self._once(
+            "_engine",
+            lambda: GenerationEngine(
+                lambda: SGLangClient(settings.client_settings()),
+                max_in_flight=settings.max_in_flight,
+                retry=RetryPolicy(
+                    max_attempts=settings.max_attempts,
+                    backoff_base_s=settings.backoff_base_s,
+                    backoff_cap_s=settings.backoff_cap_s,
+                ),
+                origin=self.origin,
             ),
-            origin=Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url),
         )
 
-    @cached_property
+    @property
+    def leases(self) -> LeaseKeeper:
+        settings = self.settings
+        return self._once(
+            "_leases",
+            lambda: LeaseKeeper(
+                self.redis,
+                worker=gpu_label(self.origin),
+                ttl_s=settings.lease_ttl_s,
+                renew_s=settings.lease_renew_s,
+            ).start(),
+        )
+
+    @property
     def uploader(self) -> Uploader:
-        return Uploader(self.redis, self.settings.upload, self.store_for_run)
+        return self._once("_uploader", lambda: Uploader(self.redis, self.settings.upload, self.store_for_run))
 
     def run_settings(self, run: str) -> RunSettings:
         """A run's settings never change once pinned, so they are read once per process."""
@@ -58,3 +97,52 @@ class WorkerContext:
             if url not in self._stores:
                 self._stores[url] = open_store(url)
             return self._stores[url]
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: no new batch starts; requests in flight get the grace period, the rest go back."""
+        self.stopping.set()
+        with self._lock:
+            engine = self._engine
+        if engine is not None:
+            log.warning(
+                "shutting down: %d requests in flight get %.0f s; held batches go back to the queue",
+                engine.in_flight,
+                self.settings.shutdown_grace_s,
+            )
+            engine.drain(grace_s=self.settings.shutdown_grace_s)
+
+    def close(self) -> None:
+        with self._lock:
+            engine, leases = self._engine, self._leases
+            self._engine = self._leases = None
+        if leases is not None:
+            leases.stop()
+        if engine is not None:
+            engine.close()
+        self.redis.close()
+
+
+class ContextHolder:
+    """Builds the process's context on first use, from the settings the app was made with."""
+
+    def __init__(self, settings: WorkerSettings, factory: Callable[[WorkerSettings], WorkerContext]) -> None:
+        self.settings = settings
+        self._factory = factory
+        self._context: WorkerContext | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> WorkerContext:
+        with self._lock:
+            if self._context is None:
+                self._context = self._factory(self.settings)
+            return self._context
+
+    def built(self) -> WorkerContext | None:
+        with self._lock:
+            return self._context
+
+    def close(self) -> None:
+        with self._lock:
+            context, self._context = self._context, None
+        if context is not None:
+            context.close()

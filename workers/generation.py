@@ -123,6 +123,10 @@ def build_completion(
     )
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class _Job:
     run: str
@@ -130,6 +134,7 @@ class _Job:
     handover: Handover
     truncation: Truncation
     outcome: BatchOutcome
+    still_held: Callable[[], bool] = _always  # False once the batch's lease is gone: send nothing more
 
 
 class GenerationEngine:
@@ -150,6 +155,7 @@ class GenerationEngine:
         self._client: ChatClient = self._call(self._make_client(client_factory))
         self._in_flight: set[asyncio.Task[ChatResult]] = set()
         self._suspended_because: str | None = None
+        self._draining = False
 
     @staticmethod
     async def _make_window(size: int) -> asyncio.Semaphore:
@@ -190,6 +196,32 @@ class GenerationEngine:
     async def _resume(self) -> None:
         self._suspended_because = None
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self, *, grace_s: float) -> None:
+        """The worker is stopping: send nothing new; requests in flight get `grace_s`, then are abandoned.
+
+        Safe to call from a signal handler: it only schedules work on the engine's loop. Every held
+        batch then returns with its unsent and abandoned prompts pending, to be handed back.
+        """
+        self._loop.call_soon_threadsafe(self._begin_drain, grace_s)
+
+    def _begin_drain(self, grace_s: float) -> None:
+        self._draining = True
+        self._loop.call_later(grace_s, lambda: asyncio.ensure_future(self._suspend("shutdown grace over")))
+
+    def _stop_reason(self, job: _Job) -> str | None:
+        """Why no new request of this job may be sent, or None."""
+        if self._suspended_because is not None:
+            return self._suspended_because
+        if self._draining:
+            return "worker shutting down"
+        if not job.still_held():
+            return "batch lease lost"
+        return None
+
     def run_batch(
         self,
         run: str,
@@ -197,9 +229,14 @@ class GenerationEngine:
         sampling: SamplingSettings,
         handover: Handover,
         truncation: Truncation | None = None,
+        *,
+        still_held: Callable[[], bool] = _always,
     ) -> BatchOutcome:
-        """Generate every prompt, handing each result over as soon as it exists. Blocks the caller."""
-        job = _Job(run, sampling, handover, truncation or Truncation(), BatchOutcome())
+        """Generate every prompt, handing each result over as soon as it exists. Blocks the caller.
+
+        Prompts left unanswered (server unreachable, worker suspended or stopping, lease lost) are
+        listed in the outcome's `unreachable`, for the batch to be handed back."""
+        job = _Job(run, sampling, handover, truncation or Truncation(), BatchOutcome(), still_held)
         self._call(self._all(job, prompts))
         return job.outcome
 
@@ -243,7 +280,7 @@ class GenerationEngine:
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
             try:
-                result = await self._chat(prompt, sampling, rid)
+                result = await self._chat(job, prompt, sampling, rid)
             except InferenceRejected as error:
                 letter = DeadLetter(
                     prompt_id=prompt.id,
@@ -256,7 +293,7 @@ class GenerationEngine:
                 return None
             except InferenceUnavailable as error:
                 last_error = error
-                if self._suspended_because is not None:
+                if self._stop_reason(job) is not None:
                     break
                 log.warning(
                     "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
@@ -271,7 +308,7 @@ class GenerationEngine:
             return build_completion(prompt, result, sampling, self._origin, attempt, budget_retries)
         assert last_error is not None
         outcome.last_error = str(last_error)
-        if last_error.server_unreachable or self._suspended_because is not None:
+        if last_error.server_unreachable or self._stop_reason(job) is not None:
             outcome.unreachable.append(prompt.id)
             return None
         letter = DeadLetter(
@@ -284,10 +321,11 @@ class GenerationEngine:
         await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
         return None
 
-    async def _chat(self, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
+    async def _chat(self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
         async with self._window:
-            if self._suspended_because is not None:
-                raise InferenceUnavailable(f"worker suspended: {self._suspended_because}")
+            stop_reason = self._stop_reason(job)
+            if stop_reason is not None:
+                raise InferenceUnavailable(f"not sent: {stop_reason}")
             task = asyncio.ensure_future(self._client.chat(prompt.messages, sampling, rid))
             self._in_flight.add(task)
             try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +22,7 @@ import redis
 from inference.metrics_reader import parse_metrics
 from inference.records import Record
 from workers.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
+from workers.periodic import PeriodicThread
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,7 @@ class HeartbeatPublisher:
         self._engine_figures = engine_figures
         self._interval_s = interval_s
         self._ttl_s = ttl_s
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beater = PeriodicThread("draftgen-heartbeat", interval_s, self.beat, first_at_once=True)
 
     def beat(self) -> WorkerHeartbeat:
         """Take the figures and write them once."""
@@ -174,29 +173,12 @@ class HeartbeatPublisher:
         self._client.set(self._key, encode_heartbeat(beat), ex=self._ttl_s)
         return beat
 
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.beat()
-            except Exception:  # a Redis blip or an odd server reply must not end the heartbeat
-                log.warning(
-                    "heartbeat %s failed; trying again in %.0f s", self._key, self._interval_s, exc_info=True
-                )
-            self._stopping.wait(self._interval_s)
-
     def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name="draftgen-heartbeat", daemon=True)
-        self._thread.start()
+        self._beater.start()
 
     def stop(self, *, timeout_s: float = HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S) -> None:
         """Stop beating and remove the heartbeat: a worker that shuts down cleanly leaves no stale row."""
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
-            self._thread = None
+        self._beater.stop(timeout_s=timeout_s)
         try:
             self._client.delete(self._key)
         except redis.RedisError:

@@ -10,13 +10,13 @@ from typing import Any
 
 from celery import bootsteps
 
-from inference.records import Origin
+from workers.context import WorkerContext
 from workers.heartbeat import EngineFigures, HeartbeatPublisher, ServerProbe, WorkerIdentity
+from workers.ledger import gpu_label
+from workers.queues import GENERATE_QUEUE
 
 
 def consumes_generate_queue(consumer: Any) -> bool:
-    from workers.app import GENERATE_QUEUE
-
     return GENERATE_QUEUE in consumer.app.amqp.queues.consume_from
 
 
@@ -31,7 +31,7 @@ class HeartbeatStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery's 
         if not consumes_generate_queue(parent):
             return
         if self.publisher is None:
-            self.publisher = build_publisher()
+            self.publisher = build_publisher(parent.app.draftgen.get())
         self.publisher.start()
 
     def stop(self, parent: Any) -> None:
@@ -42,16 +42,11 @@ class HeartbeatStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery's 
         self.stop(parent)
 
 
-def build_publisher() -> HeartbeatPublisher:
+def build_publisher(ctx: WorkerContext) -> HeartbeatPublisher:
     """A publisher over the process's worker context (the engine is the one the tasks use)."""
-    from workers.ledger import gpu_label
-    from workers.tasks import context
-
-    ctx = context()
     settings = ctx.settings
-    origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
     identity = WorkerIdentity(
-        worker=gpu_label(origin),
+        worker=gpu_label(ctx.origin),
         host=settings.hostname,
         gpu=settings.gpu,
         server_url=settings.server_url,

@@ -59,6 +59,22 @@ class RunKeys:
         return self._key(f"batch:{batch_id}")
 
     @property
+    def open_batches(self) -> str:
+        """Sorted set of stored, unfinished batch ids by when the reconciler may next judge them
+        (Redis clock, seconds): dispatch time, or the end of a retry's countdown."""
+        return self._key("open_batches")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set batch id -> lease expiry (Redis clock, seconds) of batches being generated."""
+        return self._key("leases")
+
+    @property
+    def lease_owners(self) -> str:
+        """Hash batch id -> lease holder (JSON: owner token, worker label, Celery task id)."""
+        return self._key("lease_owners")
+
+    @property
     def batch_failures(self) -> str:
         """Hash batch id -> unexpected failures so far (a poison batch is dead-lettered, not looped)."""
         return self._key("batch_failures")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 
+from workers.queues import GENERATE_QUEUE
 from workers.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -51,12 +52,11 @@ class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is 
         if self._decided:  # a consumer restart: the watcher, if any, is still running
             return
         self._decided = True
-        # Imported here: workers.app registers this step, and only generate workers need the rest.
-        from workers.app import GENERATE_QUEUE
+        # Imported here: only generate workers need the watcher.
         from workers.liveness import LivenessWatcher
-        from workers.tasks import context
 
-        settings: WorkerSettings = parent.app.conf.draftgen_settings
+        context = parent.app.draftgen.get()
+        settings: WorkerSettings = context.settings
         consumed = {queue.name for queue in parent.task_consumer.queues}
         if GENERATE_QUEUE not in consumed:
             return
@@ -64,7 +64,7 @@ class LivenessStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is 
             log.warning("liveness: disabled by DRAFTGEN_LIVENESS_ENABLED; a hung server goes unnoticed")
             return
         self.watcher = LivenessWatcher(
-            context().engine, ConsumerQueueSwitch(parent, GENERATE_QUEUE), settings
+            context.engine, ConsumerQueueSwitch(parent, GENERATE_QUEUE), settings
         ).start()
 
     def stop(self, parent: Any) -> None:

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import redis
 
-from inference.records import Quality
+from inference.records import DeadLetterReason, Quality
 from workers.control import PAUSED_BY_GATE, pause
 from workers.keys import RunKeys
 from workers.runs import QualityGate
+from workers.stats_fields import COMPLETIONS, dead_field, quality_field
 
-DROPPED_TRUNCATIONS = "dead:truncated_in_thinking"
+DROPPED_TRUNCATIONS = dead_field(DeadLetterReason.TRUNCATED_IN_THINKING)
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,10 @@ def read_gate(client: redis.Redis, run: str, gate: QualityGate) -> GateReading:
 
     dropped = since(DROPPED_TRUNCATIONS)
     return GateReading(
-        judged=since("completions") + dropped,
-        empty_answers=since(f"quality:{Quality.EMPTY_ANSWER}"),
-        truncated=since(f"quality:{Quality.TRUNCATED_IN_THINKING}")
-        + since(f"quality:{Quality.TRUNCATED_IN_ANSWER}")
+        judged=since(COMPLETIONS) + dropped,
+        empty_answers=since(quality_field(Quality.EMPTY_ANSWER)),
+        truncated=since(quality_field(Quality.TRUNCATED_IN_THINKING))
+        + since(quality_field(Quality.TRUNCATED_IN_ANSWER))
         + dropped,
         gate=gate,
     )

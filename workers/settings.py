@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inference.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
+from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
+from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -41,6 +43,9 @@ DEFAULT_LIVENESS_STALL_S = 300.0
 # together, and if all think long (40,960-token context at ~48 tokens/s each: ~14 min) none finishes for
 # minutes. The window must exceed the longest legitimate request, and the client's own 1200 s timeout.
 DEFAULT_LIVENESS_COMPLETION_STALL_S = 1500.0
+# On SIGTERM (systemctl stop, a spot notice: AWS gives 120 s, GCP 30 s) requests in flight get this long
+# to finish; the rest of the held batches go back to the queue at once.
+DEFAULT_SHUTDOWN_GRACE_S = 25.0
 
 
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -84,6 +89,11 @@ class WorkerSettings:
     liveness_stall_s: float = DEFAULT_LIVENESS_STALL_S
     liveness_completion_stall_s: float = DEFAULT_LIVENESS_COMPLETION_STALL_S
     server_restart_command: str | None = None  # e.g. "systemctl restart draftgen-sglang@0"; run on a hang
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    lease_renew_s: float = DEFAULT_LEASE_RENEW_S
+    reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
+    stranded_grace_s: float = DEFAULT_STRANDED_GRACE_S
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(
@@ -92,6 +102,13 @@ class WorkerSettings:
             request_timeout_s=self.request_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
             max_connections=self.max_in_flight * 2,
+        )
+
+    def reconcile_settings(self) -> ReconcileSettings:
+        return ReconcileSettings(
+            upload_max_age_s=self.upload.max_age_s,
+            interval_s=self.reconcile_interval_s,
+            stranded_grace_s=self.stranded_grace_s,
         )
 
     def __repr__(self) -> str:
@@ -150,4 +167,9 @@ class WorkerSettings:
                 get("LIVENESS_COMPLETION_STALL_S") or defaults.liveness_completion_stall_s
             ),
             server_restart_command=get("SERVER_RESTART_COMMAND"),
+            lease_ttl_s=float(get("LEASE_TTL_S") or defaults.lease_ttl_s),
+            lease_renew_s=float(get("LEASE_RENEW_S") or defaults.lease_renew_s),
+            reconcile_interval_s=float(get("RECONCILE_INTERVAL_S") or defaults.reconcile_interval_s),
+            stranded_grace_s=float(get("STRANDED_GRACE_S") or defaults.stranded_grace_s),
+            shutdown_grace_s=float(get("SHUTDOWN_GRACE_S") or defaults.shutdown_grace_s),
         )

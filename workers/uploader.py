@@ -24,6 +24,7 @@ from workers.errors import RetryLater, UploadLockLost
 from workers.ledger import RunLedger
 from workers.manifest import ManifestEntry, data_key, decode_entry, encode_entry, manifest_key
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
+from workers.protocol import Scripts
 from workers.settings import UploadSettings
 from workers.storage import ObjectStore
 
@@ -31,16 +32,6 @@ log = logging.getLogger(__name__)
 
 LOCK_BUSY_RETRY_S = 5.0
 MS_PER_S = 1000
-
-_EXTEND_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_RELEASE_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 @dataclass
 class FlushReport:
@@ -62,8 +53,7 @@ class Uploader:
         self.client = client
         self.settings = settings
         self.store_for_run = store_for_run
-        self._extend = client.register_script(_EXTEND_LOCK)
-        self._release = client.register_script(_RELEASE_LOCK)
+        self._scripts = Scripts.register(client)
 
     def flush(self, run: str) -> FlushReport:
         """Commit every part that is due. Raises RetryLater when another flush holds the run."""
@@ -76,11 +66,11 @@ class Uploader:
         store = self.store_for_run(run)
         try:
             while (selection := self._due(ledger)) is not None:
-                if not self._extend(keys=[ledger.keys.upload_lock], args=[token, lock_ms]):
+                if not self._scripts.extend_lock(keys=[ledger.keys.upload_lock], args=[token, lock_ms]):
                     raise UploadLockLost(f"upload lock of {run!r} expired", delay_s=LOCK_BUSY_RETRY_S)
                 self._commit_part(ledger, store, token, selection, report)
         finally:
-            self._release(keys=[ledger.keys.upload_lock], args=[token])
+            self._scripts.release_lock(keys=[ledger.keys.upload_lock], args=[token])
         return report
 
     def _due(self, ledger: RunLedger) -> Selection | None:

@@ -22,7 +22,8 @@ from workers.storage import open_store
 pytestmark = pytest.mark.integration
 
 SLOW_SPEEDUP = 60.0  # a batch lasts seconds, so a kill lands in the middle of one
-VISIBILITY_TIMEOUT_S = "8"  # a killed worker's batches come back after this
+RESUME_PROMISED_S = 120  # design: a lost worker's batches are back in the queue within 2 minutes
+FINISH_AFTER_KILL_S = 240
 UPLOAD_LOCK_S = "5"
 
 
@@ -41,7 +42,6 @@ def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterat
         log_dir,
         sims,
         extra_env={
-            "DRAFTGEN_VISIBILITY_TIMEOUT_S": VISIBILITY_TIMEOUT_S,
             "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "1000",
             # an uploader killed mid-flush holds the run's flush lock until its lease ends
             "DRAFTGEN_UPLOAD_LOCK_S": UPLOAD_LOCK_S,
@@ -80,12 +80,20 @@ def test_a_generate_worker_killed_mid_batch_loses_only_its_requests_in_flight(
     ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
     wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
     # When its worker is SIGKILLed mid-batch, then started again
+    held_by_the_killed = set(ledger.client.hvals(ledger.keys.lease_owners))
     stack.generators[0].kill()
     before_kill = handed_over(ledger)
     assert len(before_kill) < 160, "the kill came too late to land mid-run"
+    assert held_by_the_killed, "the kill came when no batch was leased"
     stack.start_generator(0)
-    stack.wait_finished(run, timeout_s=120)
-    # Then verify passes, and no completion handed over before the kill was generated again
+    # Then the batches it held are dispatched again within two minutes, with the default settings
+    wait_until(
+        lambda: not held_by_the_killed & set(ledger.client.hvals(ledger.keys.lease_owners)),
+        timeout_s=RESUME_PROMISED_S,
+        what="the killed worker's leases to be taken back",
+    )
+    stack.wait_finished(run, timeout_s=FINISH_AFTER_KILL_S)
+    # And verify passes, and no completion handed over before the kill was generated again
     result = stack.verify(run)
     assert result.returncode == 0, result.stdout
     generations = ok_generations(stack.sims[0], run)

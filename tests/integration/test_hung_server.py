@@ -21,8 +21,8 @@ from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.app import GENERATE_QUEUE
 from workers.ledger import RunLedger
+from workers.queues import GENERATE_QUEUE
 
 pytestmark = pytest.mark.integration
 

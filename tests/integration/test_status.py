@@ -46,13 +46,7 @@ STEADY_BATCH_SIZE = 16
 # Batches each worker holds, pinned here: enough to keep 48 slots full with batches of 16, few enough
 # that the queue still holds waiting batches at 40% and the last batches spread over both GPUs.
 BATCHES_IN_FLIGHT = 4
-# Visibility timeout above the workers' 30 s paused-retry delay, as in production (7200 s): below it a
-# paused batch's delayed message is redelivered to a second worker and generated twice.
-VISIBILITY_TIMEOUT_S = 120
-STACK_ENV = {
-    "DRAFTGEN_BATCHES_IN_FLIGHT": str(BATCHES_IN_FLIGHT),
-    "DRAFTGEN_VISIBILITY_TIMEOUT_S": str(VISIBILITY_TIMEOUT_S),
-}
+STACK_ENV = {"DRAFTGEN_BATCHES_IN_FLIGHT": str(BATCHES_IN_FLIGHT)}
 ETA_MEASURED_AT = 0.40  # share of the prompts generated when the ETA is read
 # The ETA extrapolates the last minute's completion rate, so it runs short by the final drain: once the
 # queue is empty the last requests finish while slots empty, about half a request latency (48 model s /

@@ -21,9 +21,6 @@ FAST_WORKER_ENV = {
     "DRAFTGEN_BACKOFF_BASE_S": "0.05",
     "DRAFTGEN_BACKOFF_CAP_S": "0.5",
     "DRAFTGEN_REQUEST_TIMEOUT_S": "60",
-    "DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": "1",
-    # Above every retry countdown (a paused run's 30 s): a message held for its countdown stays unacked.
-    "DRAFTGEN_VISIBILITY_TIMEOUT_S": "60",
 }
 
 

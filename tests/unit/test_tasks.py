@@ -2,28 +2,44 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 from celery.exceptions import Retry
 
-from workers import tasks
+from workers.app import make_app
 from workers.errors import RetryLater
+from workers.queues import FLUSH_TASK, GENERATE_TASK
+from workers.settings import WorkerSettings
 
 MANY_RETRIES = 50
 
 
-def wait(*_: object) -> None:
-    raise RetryLater("server down", delay_s=1.0)
+class WaitingUploader:
+    def flush(self, run: str) -> Any:
+        raise RetryLater("store unreachable", delay_s=1.0)
 
 
-@pytest.mark.parametrize("task", [tasks.generate, tasks.flush])
+class StoppingContext:
+    """A worker context whose generate worker is shutting down and whose store is unreachable."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.stopping = threading.Event()
+        self.stopping.set()
+        self.uploader = WaitingUploader()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("task_name", "args"), [(GENERATE_TASK, ["run", "batch"]), (FLUSH_TASK, ["run"])])
 def test_a_task_that_must_wait_is_retried_however_often_it_waited_before(
-    task: tasks.Task, monkeypatch: pytest.MonkeyPatch
+    task_name: str, args: list[str]
 ) -> None:
     # Given a batch (or flush) that has already been put back many times
-    monkeypatch.setattr(tasks, "context", lambda: None)
-    monkeypatch.setattr(tasks, "process_batch", wait)
-    monkeypatch.setattr(tasks, "_flush_run", wait)
-    args = ["run", "batch"] if task is tasks.generate else ["run"]
+    app = make_app(WorkerSettings(), context_factory=StoppingContext)  # type: ignore[arg-type]
     # When it has to wait once more, then it is retried again rather than dropped
     with pytest.raises(Retry):
-        task.apply(args=args, retries=MANY_RETRIES, throw=True)
+        app.tasks[task_name].apply(args=args, retries=MANY_RETRIES, throw=True)

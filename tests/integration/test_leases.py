@@ -1,0 +1,180 @@
+"""Batch leases and reconciliation on a real redis-server: nothing waits for a message that never comes."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+
+import pytest
+import redis
+
+from inference.records import SamplingSettings
+from producer.enqueue import Enqueuer
+from tests.support.records import completion, prompt
+from workers.keys import RunKeys
+from workers.leases import Acquired, LeaseKeeper, decode_holder
+from workers.ledger import RunLedger
+from workers.queues import GENERATE_QUEUE, GENERATE_TASK
+from workers.reconciler import Reconciler, ReconcileSettings
+from workers.runs import RunSettings
+
+pytestmark = pytest.mark.integration
+
+RUN = "leases"
+NO_TIME_S = 0.0  # a lease or grace of zero has run out at once: the tests need not wait for a clock
+LONG_S = 3600.0
+
+
+class RecordingDispatcher:
+    def __init__(self) -> None:
+        self.generated: list[tuple[str, str]] = []
+        self.flushed: list[str] = []
+
+    def generate(self, run: str, batch_id: str) -> None:
+        self.generated.append((run, batch_id))
+
+    def flush(self, run: str) -> None:
+        self.flushed.append(run)
+
+
+def enqueue_batches(client: redis.Redis, count: int) -> list[str]:
+    """Store `count` one-prompt batches as `enqueue` does; their messages are 'published' nowhere."""
+    published: list[str] = []
+
+    def publish(_run: str, batch_ids: Sequence[str]) -> None:
+        published.extend(batch_ids)
+
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url="file:///tmp/x", batch_size=1)
+    Enqueuer(client, settings, publish, source="test").enqueue(prompt(f"p{i}") for i in range(count))
+    client.sadd("draftgen:runs", RUN)
+    return published
+
+
+def generate_envelope(run: str, batch_id: str) -> str:
+    """A generate message as kombu 5.7 lays it in the queue (test_kombu_layout proves the real one)."""
+    body = base64.b64encode(json.dumps([[run, batch_id], {}, {}]).encode()).decode()
+    headers = {"task": GENERATE_TASK, "id": "task-id"}
+    return json.dumps({"body": body, "headers": headers, "properties": {"body_encoding": "base64"}})
+
+
+def reconciler(
+    client: redis.Redis, dispatcher: RecordingDispatcher, *, grace_s: float = LONG_S
+) -> Reconciler:
+    return Reconciler(
+        client, dispatcher, ReconcileSettings(upload_max_age_s=LONG_S, stranded_grace_s=grace_s)
+    )
+
+
+def test_a_second_delivery_of_a_leased_batch_is_sent_away_while_the_first_holds_it(
+    redis_client: redis.Redis,
+) -> None:
+    (batch,) = enqueue_batches(redis_client, 1)
+    first = LeaseKeeper(redis_client, worker="gpu0", ttl_s=LONG_S)
+    second = LeaseKeeper(redis_client, worker="gpu1", ttl_s=LONG_S)
+    assert first.acquire(RUN, batch, "task-1")[0] is Acquired.ACQUIRED
+    assert second.acquire(RUN, batch, "task-2")[0] is Acquired.HELD
+
+
+def test_a_lease_nobody_renews_is_taken_back_and_its_batch_dispatched_again(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a batch leased by a worker that then died (it renews nothing)
+    (batch,) = enqueue_batches(redis_client, 1)
+    LeaseKeeper(redis_client, worker="dead-gpu", ttl_s=NO_TIME_S).acquire(RUN, batch, "task-1")
+    dispatcher = RecordingDispatcher()
+    # When the reconciler passes
+    report = reconciler(redis_client, dispatcher).reconcile_all()
+    # Then the batch is dispatched again, once, and a new delivery can lease it
+    assert (report.expired_leases, dispatcher.generated) == (1, [(RUN, batch)])
+    assert reconciler(redis_client, dispatcher).reconcile_all().expired_leases == 0
+    assert LeaseKeeper(redis_client, worker="gpu1").acquire(RUN, batch, "task-2")[0] is Acquired.ACQUIRED
+
+
+def test_a_live_lease_is_never_taken_back_however_long_its_batch_runs(
+    redis_client: redis.Redis,
+) -> None:
+    (batch,) = enqueue_batches(redis_client, 1)
+    keeper = LeaseKeeper(redis_client, worker="gpu0", ttl_s=LONG_S)
+    _, lease = keeper.acquire(RUN, batch, "task-1")
+    dispatcher = RecordingDispatcher()
+    for _ in range(3):
+        keeper.renew()
+        reconciler(redis_client, dispatcher, grace_s=NO_TIME_S).reconcile_all()
+    assert dispatcher.generated == []
+    assert keeper.held(lease)
+
+
+def test_a_holder_that_froze_past_its_lease_learns_another_took_over_and_stops_sending(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a worker whose lease ran out while it was stopped, and another worker that took the batch
+    (batch,) = enqueue_batches(redis_client, 1)
+    frozen = LeaseKeeper(redis_client, worker="gpu0", ttl_s=NO_TIME_S)
+    _, old = frozen.acquire(RUN, batch, "task-1")
+    reconciler(redis_client, RecordingDispatcher()).reconcile_all()
+    assert LeaseKeeper(redis_client, worker="gpu1", ttl_s=LONG_S).acquire(RUN, batch, "task-2")[0] is (
+        Acquired.ACQUIRED
+    )
+    # When the frozen worker wakes, it already sends nothing (its own clock says the lease ran out),
+    # and its next renewal tells it the batch is another's
+    assert not frozen.held(old)
+    assert frozen.renew() == [old]
+    assert not frozen.held(old)
+
+
+def test_a_renewal_takes_back_a_lease_that_ran_out_when_nobody_else_took_it(
+    redis_client: redis.Redis,
+) -> None:
+    (batch,) = enqueue_batches(redis_client, 1)
+    keeper = LeaseKeeper(redis_client, worker="gpu0", ttl_s=NO_TIME_S)
+    _, lease = keeper.acquire(RUN, batch, "task-1")
+    assert keeper.renew() == []
+    holder = decode_holder(redis_client.hget(RunKeys(RUN).lease_owners, batch))
+    assert holder is not None and holder.owner == lease.holder.owner
+
+
+def test_a_batch_whose_message_was_lost_is_dispatched_again_and_one_still_queued_is_not(
+    redis_client: redis.Redis,
+) -> None:
+    # Given two stored batches nobody leases: one's message waits in the queue, the other's was lost
+    queued, lost = enqueue_batches(redis_client, 2)
+    redis_client.lpush(GENERATE_QUEUE, generate_envelope(RUN, queued))
+    dispatcher = RecordingDispatcher()
+    # When the reconciler passes after the grace period
+    report = reconciler(redis_client, dispatcher, grace_s=NO_TIME_S).reconcile_all()
+    # Then only the lost one is dispatched again
+    assert (report.stranded, dispatcher.generated) == (1, [(RUN, lost)])
+
+
+def test_a_batch_within_its_grace_period_is_left_alone(
+    redis_client: redis.Redis,
+) -> None:
+    enqueue_batches(redis_client, 1)
+    dispatcher = RecordingDispatcher()
+    assert reconciler(redis_client, dispatcher, grace_s=LONG_S).reconcile_all().stranded == 0
+    assert dispatcher.generated == []
+
+
+def test_staged_completions_get_a_flush_once_nothing_is_left_to_generate(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a run whose last batch finished, with a completion staged and no flush message coming
+    (batch,) = enqueue_batches(redis_client, 1)
+    RunLedger(redis_client, RUN).stage(completion("p0"))
+    keeper = LeaseKeeper(redis_client, worker="gpu0")
+    _, lease = keeper.acquire(RUN, batch, "task-1")
+    keeper.finish(lease)
+    dispatcher = RecordingDispatcher()
+    # When the reconciler passes, then it asks the uploader to flush the run
+    assert reconciler(redis_client, dispatcher).reconcile_all().flushes == 1
+    assert dispatcher.flushed == [RUN]
+
+
+def test_staged_completions_younger_than_the_upload_age_wait_while_batches_remain(
+    redis_client: redis.Redis,
+) -> None:
+    enqueue_batches(redis_client, 2)
+    RunLedger(redis_client, RUN).stage(completion("p0"))
+    dispatcher = RecordingDispatcher()
+    assert reconciler(redis_client, dispatcher).reconcile_all().flushes == 0

@@ -1,0 +1,304 @@
+"""The exactly-once protocol's atomic steps: every Lua script draftgen runs in Redis, in one place.
+
+docs/exactly-once.md tells the protocol as a story (enqueue -> lease -> stage -> commit, and
+reconcile/recover/gc/verify), with the keys each step touches and the test that proves each invariant.
+Every key a script touches arrives through KEYS (never built inside the script), so the scripts are
+cluster-safe; ids and records arrive through ARGV. The Python faces are `workers.ledger.RunLedger`
+(stage, dead-letter, commit, recover), `producer.enqueue.Enqueuer` (classify, claim),
+`workers.uploader.Uploader` (the flush lock), `workers.leases` and `workers.reconciler`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from redis.commands.core import Script
+
+# --------------------------------------------------------------------------- enqueue
+
+# KEYS: enqueued, this enqueue's session set. ARGV[1]: the chunk's ids as one JSON array (a thousand
+# separate arguments cost more than the rest of enqueue together). Returns one letter per id.
+ALREADY_THERE = "a"
+DUPLICATE_IN_INPUT = "d"
+CLASSIFY = """
+local out = {}
+for i, id in ipairs(cjson.decode(ARGV[1])) do
+  if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
+  elseif redis.call('SISMEMBER', KEYS[1], id) == 1 then out[i] = 'a'
+  else out[i] = 'n' end
+end
+return table.concat(out)
+"""
+
+# The new ids join the run with the batches that carry them, their outbox entries and their place
+# among the run's open batches (scored by the Redis time they were dispatched).
+# KEYS: enqueued, session, unpublished, open_batches, then one batch key per batch.
+# ARGV: ids (JSON), session TTL in seconds, then per batch: its blob and its id.
+CLAIM = """
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  redis.call('SADD', KEYS[1], id)
+  redis.call('SADD', KEYS[2], id)
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+local now = redis.call('TIME')[1]
+for i = 3, #ARGV, 2 do
+  redis.call('SET', KEYS[5 + (i - 3) / 2], ARGV[i])
+  redis.call('SADD', KEYS[3], ARGV[i + 1])
+  redis.call('ZADD', KEYS[4], now, ARGV[i + 1])
+end
+return 1
+"""
+
+# --------------------------------------------------------------------------- generate: hand-over
+
+# Stage one completion unless the prompt is already staged, done or dead. The hand-over time comes
+# from Redis's own clock, so the staged order is the order of hand-over across all hosts.
+# KEYS: done, dead, staged, staged_index, staged_bytes, stats, events.
+# ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
+# events kept, then the stats field names: completions, the three token totals, first completion.
+STAGE = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[4], tonumber(now[1]) + tonumber(now[2]) / 1e6, ARGV[1])
+redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
+redis.call('HINCRBY', KEYS[6], ARGV[10], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[3], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[11], ARGV[5])
+redis.call('HINCRBY', KEYS[6], ARGV[12], ARGV[6])
+redis.call('HINCRBY', KEYS[6], ARGV[13], ARGV[7])
+redis.call('HSETNX', KEYS[6], ARGV[14], now[1])
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu', ARGV[8])
+return 1
+"""
+
+# KEYS: done, staged, dead, stats. ARGV: prompt id, letter (JSON), its stats field.
+DEAD_LETTER = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+return 1
+"""
+
+# --------------------------------------------------------------------------- upload: commit
+
+# Marking a prompt committed: into `done`, out of the upload path. Shared by COMMIT and MARK_COMMITTED,
+# whose KEYS[1..4] are always done, staged, staged_index, staged_bytes.
+_MARK_DONE = """
+local function mark_done(id)
+  local added = redis.call('SADD', KEYS[1], id)
+  local size = redis.call('HSTRLEN', KEYS[2], id)
+  if size > 0 then
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('DECRBY', KEYS[4], size)
+  end
+  redis.call('ZREM', KEYS[3], id)
+  return added
+end
+"""
+
+# Commit one object: only while holding the upload lock, and only for the expected part number.
+# KEYS: done, staged, staged_index, staged_bytes, upload_lock, next_part, manifest.
+# ARGV: lock token, part, manifest entry, then the prompt ids.
+# Returns the number of prompts newly marked done, or an error when the lock or part changed.
+COMMIT = (
+    _MARK_DONE
+    + """
+if redis.call('GET', KEYS[5]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local part = tonumber(redis.call('GET', KEYS[6]) or '0')
+if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
+local newly = 0
+for i = 4, #ARGV do newly = newly + mark_done(ARGV[i]) end
+redis.call('RPUSH', KEYS[7], ARGV[3])
+redis.call('SET', KEYS[6], part + 1)
+return newly
+"""
+)
+
+# Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
+# and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, enqueued.
+MARK_COMMITTED = (
+    _MARK_DONE
+    + """
+local newly = 0
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  newly = newly + mark_done(id)
+  redis.call('SADD', KEYS[5], id)
+end
+return newly
+"""
+)
+
+# The flush lock's lease, renewed per part and released by its holder only. KEYS: the lock.
+EXTEND_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# --------------------------------------------------------------------------- batch leases
+
+# A lease says which task execution generates a batch, until when (Redis clock). Its holder renews
+# it; a lease that runs out is taken back by the reconciler, which dispatches the batch again.
+# Shared prologue: `now` in seconds, and whether ARGV-given owner holds a batch's live lease.
+_LEASE_HELPERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local function holder_of(leases, owners, id)
+  local raw = redis.call('HGET', owners, id)
+  if not raw then return nil, 0 end
+  return cjson.decode(raw).owner, tonumber(redis.call('ZSCORE', leases, id) or '0')
+end
+"""
+
+# KEYS: batch, open_batches, leases, lease_owners. ARGV: batch id, holder (JSON with `owner`), owner, TTL s.
+# Returns 'acquired', 'held' (another execution's lease is live) or 'finished' (the batch is gone).
+ACQUIRE_LEASE = (
+    _LEASE_HELPERS
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  return 'finished'
+end
+local owner, expiry = holder_of(KEYS[3], KEYS[4], ARGV[1])
+if owner and owner ~= ARGV[3] and expiry > now then return 'held' end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
+return 'acquired'
+"""
+)
+
+# KEYS: leases, lease_owners, then each renewed batch's key. ARGV: TTL s, then per batch: id, owner,
+# holder (JSON). A lease still ours is extended; one nobody holds any more (it ran out and was not yet
+# taken back) is taken again; one another execution holds, or whose batch is gone, is lost.
+# Returns the ids of the lost ones.
+RENEW_LEASES = (
+    _LEASE_HELPERS
+    + """
+local lost = {}
+for i = 2, #ARGV, 3 do
+  local id, mine = ARGV[i], ARGV[i + 1]
+  local owner, expiry = holder_of(KEYS[1], KEYS[2], id)
+  local batch_key = KEYS[3 + (i - 2) / 3]
+  if owner == mine or (not (owner and expiry > now) and redis.call('EXISTS', batch_key) == 1) then
+    redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+  else
+    table.insert(lost, id)
+  end
+end
+return lost
+"""
+)
+
+# Hand a batch back without finishing it: the lease goes (if ours, or nobody's) and the reconciler
+# leaves the batch alone for `delay` seconds, while its retry message waits for its countdown.
+# KEYS: open_batches, leases, lease_owners. ARGV: batch id, owner, delay s. Returns 1, or 0 when
+# another execution holds the batch (then it is left to that one).
+RELEASE_LEASE = (
+    _LEASE_HELPERS
+    + """
+local owner, expiry = holder_of(KEYS[2], KEYS[3], ARGV[1])
+if owner and owner ~= ARGV[2] and expiry > now then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+)
+
+# Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures. ARGV: batch id.
+FINISH_BATCH = """
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+return 1
+"""
+
+# --------------------------------------------------------------------------- reconciliation
+
+# Take back every lease that ran out: the batch becomes dispatchable now. KEYS: open_batches, leases,
+# lease_owners. Returns id, holder (JSON, or '' when unknown) pairs, for the caller to dispatch again.
+EXPIRE_LEASES = (
+    _LEASE_HELPERS
+    + """
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  local raw = redis.call('HGET', KEYS[3], id) or ''
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZADD', KEYS[1], 'XX', now, id)
+  table.insert(out, id)
+  table.insert(out, raw)
+end
+return out
+"""
+)
+
+# Of the given open batches, those that nobody leases are dispatched again now (their score moves
+# to now, so the next pass judges them afresh). KEYS: open_batches, leases. ARGV: batch ids.
+# Returns the ids the caller must publish.
+REDISPATCH = """
+local t = redis.call('TIME')[1]
+local out = {}
+for _, id in ipairs(ARGV) do
+  if redis.call('ZSCORE', KEYS[2], id) == false and redis.call('ZSCORE', KEYS[1], id) ~= false then
+    redis.call('ZADD', KEYS[1], t, id)
+    table.insert(out, id)
+  end
+end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """Every script, registered with one client (registering is local: Redis loads on first call)."""
+
+    classify: Script
+    claim: Script
+    stage: Script
+    dead_letter: Script
+    commit: Script
+    mark_committed: Script
+    extend_lock: Script
+    release_lock: Script
+    acquire_lease: Script
+    renew_leases: Script
+    release_lease: Script
+    finish_batch: Script
+    expire_leases: Script
+    redispatch: Script
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> Scripts:
+        return cls(
+            classify=client.register_script(CLASSIFY),
+            claim=client.register_script(CLAIM),
+            stage=client.register_script(STAGE),
+            dead_letter=client.register_script(DEAD_LETTER),
+            commit=client.register_script(COMMIT),
+            mark_committed=client.register_script(MARK_COMMITTED),
+            extend_lock=client.register_script(EXTEND_LOCK),
+            release_lock=client.register_script(RELEASE_LOCK),
+            acquire_lease=client.register_script(ACQUIRE_LEASE),
+            renew_leases=client.register_script(RENEW_LEASES),
+            release_lease=client.register_script(RELEASE_LEASE),
+            finish_batch=client.register_script(FINISH_BATCH),
+            expire_leases=client.register_script(EXPIRE_LEASES),
+            redispatch=client.register_script(REDISPATCH),
+        )

@@ -1,0 +1,196 @@
+"""Reconciliation: nothing the run holds may wait for a message that will never come.
+
+One pass, for every run:
+1. Leases that ran out (their worker died, froze or lost its host) are taken back and their batches
+   dispatched again; the dead worker's unacknowledged message is dropped from kombu's hash.
+2. Open batches that nobody leases, whose dispatch is older than a grace period and that are not
+   waiting in the generate queue, are dispatched again. This finds a batch whose message was lost
+   whatever lost it: a Redis restart between kombu's pop and its unacked bookkeeping, a task acked
+   on failure while Redis was away, a retry whose publish failed. The queue is read only while it is
+   short (`max_scanned_messages`); while it is long such a batch waits for it to shorten, long before
+   the run ends.
+3. Staged completions older than the upload age, or left once nothing else remains, get a flush
+   message: the uploader commits without waiting for a batch to finish.
+
+Every generate and upload worker runs passes (workers/reconciler_step.py); a Redis key lets one pass
+run per interval across the fleet. Dispatching twice is harmless: the lease of the first delivery
+sends the second away.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis
+
+from workers.keys import KEY_PREFIX, RUNS_KEY, RunKeys
+from workers.kombu_layout import drop_unacked_of_tasks, waiting_generate_batches
+from workers.leases import decode_holder
+from workers.periodic import PeriodicThread
+from workers.protocol import Scripts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RECONCILE_INTERVAL_S = 15.0
+# A batch dispatched this recently may be on its way into a worker that has not leased it yet.
+DEFAULT_STRANDED_GRACE_S = 60.0
+DEFAULT_MAX_SCANNED_MESSAGES = 5_000  # about 160,000 prompts of 32: a few MB to read
+RECONCILER_LOCK_KEY = f"{KEY_PREFIX}:reconciler"
+MS_PER_S = 1000
+
+
+class Dispatcher(Protocol):
+    def generate(self, run: str, batch_id: str) -> None: ...
+    def flush(self, run: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    upload_max_age_s: float  # the uploader's: staged work older than this is flushed
+    interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
+    stranded_grace_s: float = DEFAULT_STRANDED_GRACE_S
+    max_scanned_messages: int = DEFAULT_MAX_SCANNED_MESSAGES
+
+
+@dataclass
+class ReconcileReport:
+    expired_leases: int = 0
+    stranded: int = 0
+    stale_messages_dropped: int = 0
+    flushes: int = 0
+    queue_scanned: bool = False
+
+    def add(self, other: ReconcileReport) -> None:
+        self.expired_leases += other.expired_leases
+        self.stranded += other.stranded
+        self.stale_messages_dropped += other.stale_messages_dropped
+        self.flushes += other.flushes
+        self.queue_scanned = self.queue_scanned or other.queue_scanned
+
+    @property
+    def acted(self) -> bool:
+        return bool(self.expired_leases or self.stranded or self.flushes)
+
+
+class Reconciler:
+    def __init__(self, client: redis.Redis, dispatch: Dispatcher, settings: ReconcileSettings) -> None:
+        self._client = client
+        self._scripts = Scripts.register(client)
+        self._dispatch = dispatch
+        self._settings = settings
+
+    def reconcile_all(self) -> ReconcileReport:
+        report = ReconcileReport()
+        waiting: set[tuple[str, str]] | None = None
+        waiting_read = False
+        for raw in sorted(self._client.smembers(RUNS_KEY)):
+            run = raw.decode()
+            report.add(self._take_back_expired(run))
+            candidates = self._stranded_candidates(run)
+            if candidates and not waiting_read:
+                waiting = waiting_generate_batches(
+                    self._client, max_messages=self._settings.max_scanned_messages
+                )
+                waiting_read = True
+                report.queue_scanned = waiting is not None
+            if candidates and waiting is not None:
+                report.stranded += self._redispatch(run, [b for b in candidates if (run, b) not in waiting])
+            report.flushes += self._flush_if_due(run)
+        if report.acted:
+            log.warning("reconciled: %s", report)
+        return report
+
+    def reconcile_run(self, run: str) -> ReconcileReport:
+        """One run only (used by `enqueue` when re-run: whatever it left stranded goes back now)."""
+        report = self._take_back_expired(run)
+        candidates = self._stranded_candidates(run)
+        if candidates:
+            waiting = waiting_generate_batches(self._client, max_messages=self._settings.max_scanned_messages)
+            report.queue_scanned = waiting is not None
+            if waiting is not None:
+                report.stranded = self._redispatch(run, [b for b in candidates if (run, b) not in waiting])
+        return report
+
+    def _take_back_expired(self, run: str) -> ReconcileReport:
+        keys = RunKeys(run)
+        flat = self._scripts.expire_leases(keys=[keys.open_batches, keys.leases, keys.lease_owners])
+        report = ReconcileReport()
+        task_ids = []
+        for batch_raw, holder_raw in zip(flat[::2], flat[1::2], strict=True):
+            batch_id = batch_raw.decode()
+            holder = decode_holder(holder_raw) if holder_raw else None
+            log.warning(
+                "batch %s of run %s: lease of %s ran out; dispatching it again",
+                batch_id,
+                run,
+                holder.worker if holder else "an unknown worker",
+            )
+            self._dispatch.generate(run, batch_id)
+            report.expired_leases += 1
+            if holder is not None:
+                task_ids.append(holder.task_id)
+        report.stale_messages_dropped = drop_unacked_of_tasks(self._client, task_ids)
+        return report
+
+    def _stranded_candidates(self, run: str) -> list[str]:
+        """Open batches nobody leases whose last dispatch is older than the grace period."""
+        keys = RunKeys(run)
+        seconds, _micros = self._client.time()
+        before = seconds - self._settings.stranded_grace_s
+        ids = [raw.decode() for raw in self._client.zrangebyscore(keys.open_batches, "-inf", before)]
+        if not ids:
+            return []
+        leased = self._client.zmscore(keys.leases, ids)
+        return [batch_id for batch_id, expiry in zip(ids, leased, strict=True) if expiry is None]
+
+    def _redispatch(self, run: str, batch_ids: list[str]) -> int:
+        if not batch_ids:
+            return 0
+        keys = RunKeys(run)
+        chosen = self._scripts.redispatch(keys=[keys.open_batches, keys.leases], args=batch_ids)
+        for raw in chosen:
+            batch_id = raw.decode()
+            log.warning("batch %s of run %s: in no queue, held by nobody; dispatched again", batch_id, run)
+            self._dispatch.generate(run, batch_id)
+        return len(chosen)
+
+    def _flush_if_due(self, run: str) -> int:
+        keys = RunKeys(run)
+        oldest = self._client.zrange(keys.staged_index, 0, 0, withscores=True)
+        if not oldest:
+            return 0
+        seconds, micros = self._client.time()
+        age_s = seconds + micros / 1e6 - oldest[0][1]
+        if age_s < self._settings.upload_max_age_s and not self._drained(keys):
+            return 0
+        self._dispatch.flush(run)
+        return 1
+
+    def _drained(self, keys: RunKeys) -> bool:
+        """Nothing left to generate: every open batch is finished."""
+        return int(self._client.zcard(keys.open_batches)) == 0
+
+
+class ReconcilerLoop:
+    """Runs a pass every interval on a daemon thread, when this process wins the fleet-wide turn."""
+
+    def __init__(self, client: redis.Redis, reconciler: Reconciler, *, interval_s: float, name: str) -> None:
+        self._client = client
+        self._reconciler = reconciler
+        self._interval_s = interval_s
+        self._name = name
+        self._thread = PeriodicThread("draftgen-reconciler", interval_s, self.turn)
+
+    def turn(self) -> ReconcileReport | None:
+        """One pass if no other process ran one this interval."""
+        won = self._client.set(RECONCILER_LOCK_KEY, self._name, nx=True, px=int(self._interval_s * MS_PER_S))
+        return self._reconciler.reconcile_all() if won else None
+
+    def start(self) -> ReconcilerLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._thread.stop()
