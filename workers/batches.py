@@ -74,7 +74,6 @@ def _count_failure(ctx: WorkerContext, run: str, batch_id: str, error: Exception
         if failures >= MAX_BATCH_FAILURES:
             given_up = dead_letter_batch(ctx, run, batch_id, f"{type(error).__name__}: {error}")
             return BatchReport(batch_id, prompts=given_up, generated=0, dead_lettered=given_up, skipped=0)
-        defer_batch(ctx.redis, run, batch_id, UNEXPECTED_ERROR_RETRY_S)
     except redis.RedisError as redis_error:  # counted or not, the batch comes back
         log.warning("could not count the failure of batch %s: %s", batch_id, redis_error)
     raise RetryLater(f"{type(error).__name__}: {error}", delay_s=UNEXPECTED_ERROR_RETRY_S) from error
@@ -105,6 +104,12 @@ def process_batch(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> 
     try:
         return _generate_leased(ctx, ledger, lease)
     except RetryLater:
+        raise
+    except redis.RedisError:
+        ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)
+        raise
+    except Exception:
+        ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
         raise
     except BaseException:
         ctx.leases.abandon(lease)  # runs out; the reconciler dispatches the batch again

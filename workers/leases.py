@@ -95,6 +95,7 @@ class LeaseKeeper:
         self._ttl_s = ttl_s
         self._clock = clock
         self._held: dict[Lease, _Tracked] = {}
+        self._releases_due: dict[Lease, float] = {}  # hand-backs Redis could not take yet: lease -> delay s
         self._lock = threading.Lock()
         self._renewer = PeriodicThread("draftgen-leases", renew_s, self.renew)
 
@@ -133,6 +134,15 @@ class LeaseKeeper:
             )
         )
 
+    def release_soon(self, lease: Lease, *, delay_s: float) -> None:
+        """Hand the batch back now, or, while Redis is away, from the renewal thread once it is back:
+        the batch's retry then finds it free rather than leased by this ended execution."""
+        try:
+            self.release(lease, delay_s=delay_s)
+        except redis.RedisError:
+            with self._lock:
+                self._releases_due[lease] = delay_s
+
     def finish(self, lease: Lease) -> None:
         """Every prompt is handed over: the batch and its lease go."""
         self._forget(lease)
@@ -149,7 +159,14 @@ class LeaseKeeper:
     # ------------------------------------------------------------------ renewing
 
     def renew(self) -> list[Lease]:
-        """Renew every lease held; returns those found lost (another execution took the batch)."""
+        """Renew every lease held; returns those found lost (another execution took the batch).
+        First hands back what could not be handed back while Redis was away."""
+        with self._lock:
+            due = list(self._releases_due.items())
+        for lease, delay_s in due:
+            self.release(lease, delay_s=delay_s)
+            with self._lock:
+                self._releases_due.pop(lease, None)
         with self._lock:
             by_run: dict[str, list[Lease]] = defaultdict(list)
             for lease, tracked in self._held.items():

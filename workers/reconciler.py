@@ -71,7 +71,8 @@ class ReconcileReport:
 
     @property
     def acted(self) -> bool:
-        return bool(self.expired_leases or self.stranded or self.flushes)
+        """Whether a batch had to be dispatched again (a routine flush does not count)."""
+        return bool(self.expired_leases or self.stranded)
 
 
 class Reconciler:
@@ -100,6 +101,8 @@ class Reconciler:
             report.flushes += self._flush_if_due(run)
         if report.acted:
             log.warning("reconciled: %s", report)
+        elif report.flushes:
+            log.info("reconciled: %s", report)
         return report
 
     def reconcile_run(self, run: str) -> ReconcileReport:

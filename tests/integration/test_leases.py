@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import redis
 
 from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
+from producer.local_stack import free_port, start_redis
 from tests.support.records import completion, prompt
 from workers.keys import RunKeys
 from workers.leases import Acquired, LeaseKeeper, decode_holder
@@ -132,6 +134,29 @@ def test_a_renewal_takes_back_a_lease_that_ran_out_when_nobody_else_took_it(
     assert keeper.renew() == []
     holder = decode_holder(redis_client.hget(RunKeys(RUN).lease_owners, batch))
     assert holder is not None and holder.owner == lease.holder.owner
+
+
+def test_a_batch_handed_back_while_redis_was_away_is_free_for_its_retry_once_redis_is_back(
+    tmp_path: Path, log_dir: Path
+) -> None:
+    # Given a batch leased against a Redis of its own, which then goes away (a restart)
+    port = free_port()
+    server = start_redis(port, tmp_path / "data", log_dir)
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        (batch,) = enqueue_batches(client, 1)
+        keeper = LeaseKeeper(client, worker="gpu0", ttl_s=LONG_S)
+        _, lease = keeper.acquire(RUN, batch, "task-1")
+        server.stop()
+        # When the worker hands it back while Redis is away, and Redis comes back
+        keeper.release_soon(lease, delay_s=NO_TIME_S)
+        server = start_redis(port, tmp_path / "data", log_dir / "restarted")
+        keeper.renew()
+        # Then the batch's retry can lease it at once, without waiting for the lease to run out
+        assert LeaseKeeper(client, worker="gpu0").acquire(RUN, batch, "task-1")[0] is Acquired.ACQUIRED
+    finally:
+        client.close()
+        server.stop()
 
 
 def test_a_batch_whose_message_was_lost_is_dispatched_again_and_one_still_queued_is_not(
