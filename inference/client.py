@@ -157,5 +157,26 @@ class SGLangClient:
             finished_at=time.time(),
         )
 
+    async def context_length(self) -> int | None:
+        """The server's context length in tokens: `max_model_len` in `/v1/models` (the served model
+        comes first; LoRA adapters, listed after it, share its context).
+
+        None when the server does not say (no such route, or no usable `max_model_len`). Raises
+        InferenceUnavailable when it cannot answer now (no connection, 5xx, throttled)."""
+        try:
+            page = await self._openai.models.list()
+        except openai.APIStatusError as error:
+            status = error.status_code
+            if status >= httpx.codes.INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES:
+                raise InferenceUnavailable(f"HTTP {status}: {error_message(error)}", status=status) from error
+            return None
+        except (openai.APIConnectionError, httpx.TransportError) as error:
+            raise InferenceUnavailable(f"no answer from {self.settings.server_url}: {error!r}") from error
+        for model in getattr(page, "data", None) or []:
+            stated = _extra(model, "max_model_len")
+            if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
+                return stated
+        return None
+
     async def close(self) -> None:
         await self._openai.close()

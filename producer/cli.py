@@ -13,10 +13,10 @@ import redis
 
 from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
-from producer.errors import ProducerError, RunNotFound
+from producer.errors import ProducerError, RunNotFound, SettingsError
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S, collect_orphans
 from producer.reading import iter_prompts
-from producer.recover import recover_run, write_run_settings
+from producer.recover import read_run_settings, recover_run, write_run_settings
 from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
         "verify", help="check every prompt is committed exactly once or dead-lettered"
     )
     verify.add_argument("--run", required=True)
+    verify.add_argument(
+        "--output",
+        dest="output_url",
+        default=None,
+        help="prove it from this output (folder or s3://) alone, without Redis",
+    )
     verify.set_defaults(handler=cmd_verify)
 
     gc = commands.add_parser("gc", help="remove objects no manifest entry names")
@@ -162,6 +168,8 @@ def _require_run(client: redis.Redis, run: str) -> RunSettings:
 def _print_enqueue_report(report: EnqueueReport) -> None:
     print(f"new                 {report.new} prompts in {report.batches} batches")
     print(f"already there       {report.already_there}")
+    if report.requeued_orphans:
+        print(f"requeued            {report.requeued_orphans} (held by the run, by no batch: after recover)")
     print(f"duplicate ids       {report.duplicates_in_input} (in the input; kept the first)")
     print(f"rejected rows       {report.rejected_count}")
     for rejected in report.rejected:
@@ -203,13 +211,14 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     )
     items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
     pinned = pin_settings(client, given)
-    write_run_settings(open_store(pinned.output_url), pinned)  # also proves the output is writable, now
+    store = open_store(pinned.output_url)
+    write_run_settings(store, pinned)  # also proves the output is writable, now
 
     worker_settings = dataclasses.replace(WorkerSettings.from_env(), redis_url=_redis_url(args, settings))
     app = make_app(worker_settings)
     publisher = BatchPublisher(app)
     try:
-        report = Enqueuer(client, pinned, publisher, source=args.data).enqueue(items)
+        report = Enqueuer(client, pinned, publisher, source=args.data, store=store).enqueue(items)
     finally:
         publisher.close()
     # A re-run also sends again every batch of the run that no message carries and nobody leases.
@@ -223,10 +232,17 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    client = _redis(args, settings)
-    pinned = _require_run(client, check_run_name(args.run))
-    report = verify_run(client, args.run, open_store(pinned.output_url))
-    print(f"run {args.run}: {pinned.output_url}")
+    run = check_run_name(args.run)
+    if args.output_url is not None:  # the object store alone
+        store = open_store(normalise_output_url(args.output_url))
+        if read_run_settings(store).run != run:
+            raise SettingsError(f"{store.url} holds the output of another run than {run!r}")
+        report = verify_run(store, run)
+    else:
+        client = _redis(args, settings)
+        store = open_store(_require_run(client, run).output_url)
+        report = verify_run(store, run, client)
+    print(f"run {run}: {store.url}")
     for line in describe(report):
         print(line)
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -238,8 +254,11 @@ def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
     report = recover_run(client, store, check_run_name(args.run))
     restored = "restored from run.json" if report.settings_restored else "already pinned, the same"
     print(f"run {args.run}: settings {restored}")
-    print(f"committed           {report.committed} prompts in {report.parts} objects")
+    print(f"committed           {report.committed} prompts in {report.parts} parts")
     print(f"newly marked done   {report.newly_marked_done}")
+    print(f"enqueued ids        {report.enqueued}")
+    print(f"dead letters        {report.dead_letters}")
+    print(f"rejected rows       {report.rejected_rows}")
     print("Re-run `enqueue` with the run's data: it queues only what was never committed.")
     return EXIT_OK
 

@@ -1,9 +1,12 @@
 """Enqueue a stream of prompts into a run: only what is new, batched, compressed, and never lost.
 
-Each chunk is written in one atomic Redis step: the new ids join the run's `enqueued` set together
+Each chunk's new ids are first written to the object store (`enqueued/`, so the output alone says
+what the run was asked to do), then, in one atomic Redis step, join the run's `enqueued` set together
 with the batches that carry them and the outbox entry of each batch. Only then are the batch
 messages published, and each batch leaves the outbox once published. A crash anywhere leaves
-either nothing or batches in the outbox, which the next `enqueue` publishes first.
+either nothing or batches in the outbox, which the next `enqueue` publishes first. Rejected rows go
+to the object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
+prompt is never placed in two batches by two enqueues racing.
 """
 
 from __future__ import annotations
@@ -19,27 +22,45 @@ from itertools import islice
 import msgspec
 import redis
 
-from inference.records import Prompt, PromptBatch
-from producer.errors import SettingsError
+from inference.records import Prompt, PromptBatch, Record
+from producer.errors import EnqueueBusy, SettingsError
 from producer.rows import RejectedRow
 from workers.codec import encode_blob
+from workers.jsonl_io import to_jsonl
 from workers.keys import RUNS_KEY, RunKeys
-from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, Scripts
+from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
+from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, ORPHANED, Scripts
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each batch's message
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 SESSION_TTL_S = 24 * 3600
+ENQUEUE_LEASE_S = 60  # renewed per chunk; a crashed enqueue blocks the next one this long at most
+MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
+
+
+class StoredRejection(Record, frozen=True):
+    """A rejected row as the object store keeps it: which input it came from, and where and why."""
+
+    source: str
+    rejected: RejectedRow
+
+
+def rejection_key(source: str, rejected: RejectedRow) -> str:
+    """The field of the run's `rejected` hash: one per row of one input."""
+    return f"{source}|{rejected.file}|{rejected.row}"
 
 
 @dataclass
 class EnqueueReport:
     new: int = 0
     already_there: int = 0
+    requeued_orphans: int = 0  # held by the run but by no batch (after `recover`): batched again
     duplicates_in_input: int = 0
     rejected: list[RejectedRow] = field(default_factory=list)
     rejected_count: int = 0
@@ -87,23 +108,53 @@ def _chunks(items: Iterable[Prompt | RejectedRow], size: int) -> Iterator[list[P
 
 
 class Enqueuer:
-    def __init__(self, client: redis.Redis, settings: RunSettings, publish: Publish, *, source: str) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        settings: RunSettings,
+        publish: Publish,
+        *,
+        source: str,
+        store: ObjectStore | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings
         self.publish = publish
         self.source = source
+        self.store = store  # where the run's output goes: enqueued ids and rejected rows are kept there
         self.keys = RunKeys(settings.run)
-        self.session_key = self.keys.enqueue_session(uuid.uuid4().hex)
+        self.session_id = uuid.uuid4().hex
+        self.session_key = self.keys.enqueue_session(self.session_id)
         self._scripts = Scripts.register(client)
+        self._requeue_orphans = False
+
+    def _hold_lease(self) -> None:
+        """Take or renew the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
+        lease_ms = ENQUEUE_LEASE_S * MS_PER_S
+        lock = self.keys.enqueue_lock
+        if self.client.set(lock, self.session_id, nx=True, px=lease_ms):
+            return
+        if self._scripts.extend_lock(keys=[lock], args=[self.session_id, lease_ms]):
+            return
+        raise EnqueueBusy(
+            f"another enqueue of run {self.settings.run!r} is at work; wait for it to finish "
+            f"(a crashed one stops blocking within {ENQUEUE_LEASE_S} s), then run this again"
+        )
 
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
         """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones."""
         report = EnqueueReport()
+        self._hold_lease()
+        # With no batch open, nothing carries a prompt the run holds but has not finished: it was held
+        # by batches Redis lost (see `recover`), and is batched again. With batches open, every such
+        # prompt is in one of them.
+        self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
         report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-publish") as publishing:
             in_flight: deque[Future[None]] = deque()
             try:
                 for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                    self._hold_lease()
                     batch_ids = self._store_chunk(chunk, report)
                     if batch_ids:
                         in_flight.append(publishing.submit(self._publish_stored, batch_ids))
@@ -113,6 +164,7 @@ class Enqueuer:
                     in_flight.popleft().result()
             finally:
                 self.client.delete(self.session_key)
+                self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
         return report
 
     def _publish_stored(self, batch_ids: list[str]) -> None:
@@ -134,8 +186,11 @@ class Enqueuer:
             )
             for start in range(0, len(new), size)
         ]
+        ids = msgspec.json.encode([p.id for p in new])
+        if self.store is not None:  # before Redis: the output never lacks an id the run holds
+            self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), ids)
         keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
-        args: list[str | bytes | int] = [msgspec.json.encode([p.id for p in new]), SESSION_TTL_S]
+        args: list[str | bytes | int] = [ids, SESSION_TTL_S]
         for batch in batches:
             keys.append(self.keys.batch(batch.batch_id))
             args += [encode_blob(batch), batch.batch_id]
@@ -148,7 +203,9 @@ class Enqueuer:
         if not prompts:
             return []
         ids = msgspec.json.encode([p.id for p in prompts])
-        statuses = self._scripts.classify(keys=[self.keys.enqueued, self.session_key], args=[ids]).decode()
+        keys = [self.keys.enqueued, self.session_key, self.keys.done, self.keys.staged, self.keys.dead]
+        requeue = "1" if self._requeue_orphans else "0"
+        statuses = self._scripts.classify(keys=keys, args=[ids, requeue]).decode()
         new: list[Prompt] = []
         seen_in_chunk: set[str] = set()
         for prompt, status in zip(prompts, statuses, strict=True):
@@ -156,6 +213,10 @@ class Enqueuer:
                 report.duplicates_in_input += 1
             elif status == ALREADY_THERE:
                 report.already_there += 1
+            elif status == ORPHANED:
+                report.requeued_orphans += 1
+                seen_in_chunk.add(prompt.id)
+                new.append(prompt)
             else:
                 seen_in_chunk.add(prompt.id)
                 new.append(prompt)
@@ -164,7 +225,10 @@ class Enqueuer:
     def _record_rejections(self, rejected: list[RejectedRow], report: EnqueueReport) -> None:
         if not rejected:
             return
-        mapping = {f"{self.source}|{r.file}|{r.row}": msgspec.json.encode(r) for r in rejected}
+        mapping = {rejection_key(self.source, r): msgspec.json.encode(r) for r in rejected}
+        if self.store is not None:
+            records = to_jsonl(StoredRejection(source=self.source, rejected=r) for r in rejected)
+            self.store.put(content_key(REJECTED_PREFIX, records, ".jsonl"), records)
         self.client.hset(self.keys.rejected, mapping=mapping)
         report.rejected_count += len(rejected)
         room = MAX_REJECTIONS_SHOWN - len(report.rejected)

@@ -4,6 +4,7 @@ ProducerError
 ├── SourceError       the DATA argument cannot be read at all (missing, unknown type, unreadable)
 ├── SettingsError     the run's settings are invalid, or differ from the ones pinned at its start
 ├── RunNotFound       the named run was never enqueued
+├── EnqueueBusy       another `enqueue` of the same run is at work
 └── RedisUnavailable  Redis could not be reached or refused a command (status, pause, resume)
 """
 
@@ -24,6 +25,10 @@ class SettingsError(ProducerError):
 
 class RunNotFound(ProducerError):
     """No run of that name exists in Redis."""
+
+
+class EnqueueBusy(ProducerError):
+    """Another `enqueue` of the same run holds its enqueue lease: two at once could batch a prompt twice."""
 
 
 class RedisUnavailable(ProducerError):

@@ -1,11 +1,12 @@
-"""Remove orphans: objects under `data/` that no manifest entry names (left by interrupted flushes)."""
+"""Remove orphans: objects under `data/` or `dead/` that no manifest entry names (interrupted flushes)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 
-from workers.manifest import DATA_PREFIX, read_manifest
+from workers.manifest import DATA_PREFIX, DEAD_PREFIX, completion_keys, read_manifest
 from workers.storage import ObjectStore
 
 # A flush writes its object moments before its manifest entry; younger objects may be mid-commit.
@@ -22,10 +23,11 @@ class GcReport:
 def collect_orphans(
     store: ObjectStore, *, min_age_s: float = DEFAULT_MIN_ORPHAN_AGE_S, dry_run: bool = False
 ) -> GcReport:
-    referenced = {entry.key for entry in read_manifest(store)}
+    entries = read_manifest(store)
+    referenced = set(completion_keys(entries)) | {entry.dead.key for entry in entries if entry.dead}
     report = GcReport()
     now = time.time()
-    for info in store.list(DATA_PREFIX):
+    for info in chain(store.list(DATA_PREFIX), store.list(DEAD_PREFIX)):
         if info.key in referenced:
             continue
         if now - info.modified_at < min_age_s:

@@ -1,22 +1,26 @@
 """Rebuild a run's Redis state from its output after Redis was lost: committed work is never lost.
 
-The object store holds the run's settings (`run.json`, written at every enqueue) and its manifest.
-From them this restores the pinned settings, the `done` and `enqueued` sets, the Redis copy of the
-manifest and the next part number. Re-running `enqueue` with the same data then queues only what was
-never committed; a generate worker skips any prompt already in `done`.
+The object store holds the run's settings (`run.json`, written at every enqueue), its manifest (parts
+of completions and dead letters), the ids each enqueue claimed and the rows it rejected. From them this
+restores the pinned settings, the `done` and `enqueued` sets, the dead letters, the rejected rows, the
+Redis copy of the manifest and the next part number. Re-running `enqueue` with the same data then
+queues only what was never committed; a generate worker skips any prompt already in `done`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import redis
 
+from inference.records import DeadLetter
+from producer.enqueue import rejection_key
 from producer.errors import RunNotFound, SettingsError
+from producer.output_record import read_committed, read_enqueued_ids, read_rejections
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger
-from workers.manifest import SETTINGS_KEY, encode_entry, read_manifest
-from workers.parquet_io import prompt_ids_in
+from workers.manifest import SETTINGS_KEY, encode_entry
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 from workers.storage import ObjectMissing, ObjectStore
 
@@ -29,6 +33,9 @@ class RecoverReport:
     committed: int = 0
     newly_marked_done: int = 0
     settings_restored: bool = False
+    enqueued: int = 0
+    dead_letters: int = 0
+    rejected_rows: int = 0
 
 
 def write_run_settings(store: ObjectStore, settings: RunSettings) -> None:
@@ -41,6 +48,31 @@ def read_run_settings(store: ObjectStore) -> RunSettings:
         return decode_run_settings(store.get(SETTINGS_KEY))
     except ObjectMissing as error:
         raise RunNotFound(f"{store.url} holds no {SETTINGS_KEY}: is this a run's output?") from error
+
+
+def _restore_records(
+    client: redis.Redis, keys: RunKeys, store: ObjectStore, dead: dict[str, DeadLetter], report: RecoverReport
+) -> None:
+    """The enqueued ids, committed dead letters and rejected rows the output holds, back into Redis."""
+    enqueued = sorted(read_enqueued_ids(store))
+    for start in range(0, len(enqueued), IDS_PER_COMMAND):
+        client.sadd(keys.enqueued, *enqueued[start : start + IDS_PER_COMMAND])
+    report.enqueued = len(enqueued)
+    letters = list(dead.values())
+    for start in range(0, len(letters), IDS_PER_COMMAND):
+        with client.pipeline(transaction=False) as pipe:
+            for letter in letters[start : start + IDS_PER_COMMAND]:
+                pipe.hsetnx(keys.dead, letter.prompt_id, msgspec.json.encode(letter))
+            pipe.execute()
+    report.dead_letters = len(letters)
+    rejections = read_rejections(store)
+    for start in range(0, len(rejections), IDS_PER_COMMAND):
+        mapping = {
+            rejection_key(stored.source, stored.rejected): msgspec.json.encode(stored.rejected)
+            for stored in rejections[start : start + IDS_PER_COMMAND]
+        }
+        client.hset(keys.rejected, mapping=mapping)
+    report.rejected_rows = len(rejections)
 
 
 def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverReport:
@@ -58,13 +90,14 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
         )
     client.sadd(RUNS_KEY, run)
     ledger = RunLedger(client, run)
-    entries = read_manifest(store)
-    for entry in entries:
-        ids = prompt_ids_in(store.get(entry.key))
-        for start in range(0, len(ids), IDS_PER_COMMAND):
-            report.newly_marked_done += ledger.mark_committed(ids[start : start + IDS_PER_COMMAND])
-        report.committed += len(ids)
+    committed = read_committed(store)
+    entries = committed.entries
+    ids = list(committed.completed)
+    for start in range(0, len(ids), IDS_PER_COMMAND):
+        report.newly_marked_done += ledger.mark_committed(ids[start : start + IDS_PER_COMMAND])
+    report.committed = len(ids)
     report.parts = len(entries)
+    _restore_records(client, keys, store, committed.dead, report)
     if entries:
         with client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.manifest)

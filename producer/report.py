@@ -23,7 +23,7 @@ import redis
 from inference.records import DeadLetter, Origin, Quality
 from workers.keys import RunKeys
 from workers.ledger import gpu_label
-from workers.manifest import ManifestEntry, read_manifest
+from workers.manifest import ManifestEntry, completion_keys, read_manifest
 from workers.parquet_io import PARQUET_USE_THREADS
 from workers.storage import ObjectStore
 
@@ -280,10 +280,10 @@ def compute_figures(
     on_object: Callable[[int, int], None] | None = None,
 ) -> RunFigures:
     """Read every object the manifest names, one at a time, and fold it into the run's figures."""
-    listed = list(read_manifest(store) if entries is None else entries)
+    listed = completion_keys(list(read_manifest(store) if entries is None else entries))
     totals = _Accumulator()
-    for index, entry in enumerate(listed, start=1):
-        totals.add(read_report_columns(store.get(entry.key)))
+    for index, key in enumerate(listed, start=1):
+        totals.add(read_report_columns(store.get(key)))
         if on_object is not None:
             on_object(index, len(listed))
     return totals.figures(run, store.url, dead_letters)

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -44,11 +44,22 @@ REASON_REJECTED = "rejected_by_server"
 REASON_EXHAUSTED = "failed_every_attempt"
 REASON_TRUNCATED = "truncated_in_thinking"
 BUDGET_GROWTH_FACTOR = 2
+# SGLang adds speculative decoding's reserved tokens, max(topk * steps, draft tokens), to the input
+# before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
+# out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.
+CONTEXT_HEADROOM_TOKENS = 64
 
 
 class ChatClient(Protocol):
     async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult: ...
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StatesContextLength(Protocol):
+    """A client that can ask its server for the context length (SGLangClient does)."""
+
+    async def context_length(self) -> int | None: ...
 
 
 class Handover(Protocol):
@@ -65,11 +76,22 @@ class Truncation:
     policy: TruncationPolicy = TruncationPolicy.KEEP
     max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
 
-    def next_budget(self, max_tokens: int) -> int | None:
-        """The larger budget to retry with, or None when the policy or the cap says no."""
-        if self.policy is not TruncationPolicy.RETRY or max_tokens >= self.max_tokens_cap:
+    def next_budget(
+        self, max_tokens: int, *, prompt_tokens: int = 0, context_length: int | None = None
+    ) -> int | None:
+        """The larger budget to retry with, or None when the policy, the cap or the context says no.
+
+        The budget grows by BUDGET_GROWTH_FACTOR up to the cap and to what the server's context leaves
+        after this prompt (less CONTEXT_HEADROOM_TOKENS); a server that does not state its context
+        (None) is capped by the cap alone. When that is no larger than `max_tokens`: no retry, keep
+        what there is."""
+        if self.policy is not TruncationPolicy.RETRY:
             return None
-        return min(max_tokens * BUDGET_GROWTH_FACTOR, self.max_tokens_cap)
+        ceiling = self.max_tokens_cap
+        if context_length is not None:
+            ceiling = min(ceiling, context_length - prompt_tokens - CONTEXT_HEADROOM_TOKENS)
+        larger = min(max_tokens * BUDGET_GROWTH_FACTOR, ceiling)
+        return larger if larger > max_tokens else None
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,9 @@ class _Job:
 
 
 class GenerationEngine:
+    # the server's context length, looked up lazily by _server_context_length (not in __init__)
+    _context_length_lookup: asyncio.Future[int | None] | None = None
+
     def __init__(
         self,
         client_factory: Callable[[], ChatClient],
@@ -244,16 +269,25 @@ class GenerationEngine:
         await asyncio.gather(*(self._one(job, p) for p in prompts))
 
     async def _one(self, job: _Job, prompt: Prompt) -> None:
-        sampling, budget_retries = job.sampling, 0
-        while True:
-            completion = await self._attempts(job, prompt, sampling, budget_retries)
-            if completion is None or completion.quality is not Quality.TRUNCATED_IN_THINKING:
-                break
-            larger = job.truncation.next_budget(sampling.max_tokens)
+        completion = await self._attempts(job, prompt, job.sampling, 0)
+        while completion is not None and completion.quality is Quality.TRUNCATED_IN_THINKING:
+            larger = await self._retry_budget(job, completion)
             if larger is None:
                 break
-            sampling = msgspec.structs.replace(sampling, max_tokens=larger)
-            budget_retries += 1
+            retry = msgspec.structs.replace(completion.sampling, max_tokens=larger)
+            try:
+                retried = await self._attempts(job, prompt, retry, completion.budget_retries + 1)
+            except InferenceRejected as error:  # keep what we have
+                log.warning(
+                    "prompt %s: budget retry at max_tokens=%d refused, keeping the completion of "
+                    "max_tokens=%d: %s",
+                    prompt.id,
+                    larger,
+                    completion.sampling.max_tokens,
+                    error,
+                )
+                break
+            completion = retried
         if completion is None:
             return
         if (
@@ -264,12 +298,41 @@ class GenerationEngine:
                 prompt_id=prompt.id,
                 row=prompt.row,
                 reason=REASON_TRUNCATED,
-                error=f"thinking cut off at max_tokens={sampling.max_tokens}",
+                error=f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
                 attempts=completion.attempt,
             )
             await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
             return
         await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+
+    async def _retry_budget(self, job: _Job, truncated: Completion) -> int | None:
+        """The budget to ask again with for a completion cut off in thinking; None: keep it as it is.
+
+        The server's context length is asked for only when the policy and the cap allow a retry."""
+        if job.truncation.next_budget(truncated.sampling.max_tokens) is None:
+            return None
+        return job.truncation.next_budget(
+            truncated.sampling.max_tokens,
+            prompt_tokens=truncated.usage.prompt_tokens,
+            context_length=await self._server_context_length(),
+        )
+
+    async def _server_context_length(self) -> int | None:
+        """The server's context length, asked once at first need and shared by every prompt waiting
+        for it; None when the client or the server does not say. A failed lookup is not kept: the
+        retry at hand goes by the cap alone and the next need asks again."""
+        if not isinstance(self._client, StatesContextLength):
+            return None
+        if self._context_length_lookup is None:
+            self._context_length_lookup = asyncio.ensure_future(self._client.context_length())
+        lookup = self._context_length_lookup
+        try:
+            return await asyncio.shield(lookup)
+        except InferenceUnavailable as error:
+            if self._context_length_lookup is lookup:
+                self._context_length_lookup = None
+            log.warning("the server's context length is unknown for now: %s", error)
+            return None
 
     async def _attempts(
         self, job: _Job, prompt: Prompt, sampling: SamplingSettings, budget_retries: int
@@ -282,6 +345,8 @@ class GenerationEngine:
             try:
                 result = await self._chat(job, prompt, sampling, rid)
             except InferenceRejected as error:
+                if budget_retries:
+                    raise  # a refused budget retry: the caller keeps the completion it had
                 letter = DeadLetter(
                     prompt_id=prompt.id,
                     row=prompt.row,

@@ -125,6 +125,11 @@ class RunKeys:
         return self._key("dead")
 
     @property
+    def dead_pending(self) -> str:
+        """Sorted set of dead-lettered prompt ids not yet committed to the object store, by time."""
+        return self._key("dead_pending")
+
+    @property
     def manifest(self) -> str:
         """List of manifest entries (JSON), the Redis copy of the manifest in the object store."""
         return self._key("manifest")
@@ -146,6 +151,11 @@ class RunKeys:
     def gate_baseline(self) -> str:
         """Copy of `stats` taken at the last resume: the quality gate judges only what came after."""
         return self._key("gate_baseline")
+
+    @property
+    def enqueue_lock(self) -> str:
+        """Held by the one `enqueue` of the run at work (a lease, renewed per chunk)."""
+        return self._key("enqueue_lock")
 
     def enqueue_session(self, session_id: str) -> str:
         """Ids added by one enqueue invocation: tells duplicates in the input from ids already there."""

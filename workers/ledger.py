@@ -7,7 +7,7 @@ prompt half-moved, and each is idempotent, so a redelivered message can replay i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -44,6 +44,7 @@ class RunCounts:
     staged: int
     done: int
     dead: int
+    dead_pending: int = 0  # dead letters not yet committed to the object store
 
     @property
     def remaining(self) -> int:
@@ -104,18 +105,29 @@ class RunLedger:
         return bool(self._scripts.stage(keys=keys, args=args))
 
     def dead_letter(self, letter: DeadLetter) -> bool:
-        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats]
+        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats, self.keys.dead_pending]
         args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return bool(self._scripts.dead_letter(keys=keys, args=args))
 
-    def commit(self, *, lock_token: str, part: int, manifest_entry: bytes, prompt_ids: Iterable[str]) -> int:
+    def commit(
+        self,
+        *,
+        lock_token: str,
+        part: int,
+        manifest_entry: bytes,
+        prompt_ids: Sequence[str],
+        dead_ids: Sequence[str] = (),
+    ) -> int:
+        """Mark a committed part's prompts done and its dead letters committed, in one atomic step."""
         keys = [
             *self._upload_path_keys(),
             self.keys.upload_lock,
             self.keys.next_part,
             self.keys.manifest,
+            self.keys.dead_pending,
         ]
-        return int(self._scripts.commit(keys=keys, args=[lock_token, part, manifest_entry, *prompt_ids]))
+        args = [lock_token, part, manifest_entry, len(prompt_ids), *prompt_ids, *dead_ids]
+        return int(self._scripts.commit(keys=keys, args=args))
 
     def mark_committed(self, prompt_ids: list[str]) -> int:
         """Record prompts the object store shows committed (recovery); returns how many were not done."""
@@ -132,8 +144,9 @@ class RunLedger:
             pipe.zcard(self.keys.staged_index)
             pipe.scard(self.keys.done)
             pipe.hlen(self.keys.dead)
-            enqueued, staged, done, dead = pipe.execute()
-        return RunCounts(enqueued=enqueued, staged=staged, done=done, dead=dead)
+            pipe.zcard(self.keys.dead_pending)
+            enqueued, staged, done, dead, dead_pending = pipe.execute()
+        return RunCounts(enqueued=enqueued, staged=staged, done=done, dead=dead, dead_pending=dead_pending)
 
     def dead_letters(self) -> list[DeadLetter]:
         return [msgspec.json.decode(raw, type=DeadLetter) for raw in self.client.hvals(self.keys.dead)]

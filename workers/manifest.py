@@ -1,11 +1,19 @@
 """The manifest: the list of committed objects of a run, one small JSON object per part.
 
 A part is committed the moment its manifest entry is created (conditionally: the first writer of
-`manifest/part-N.json` wins). Readers trust only objects named by an entry; any other object under
-`data/` is an orphan of an interrupted flush, removed by `python -m producer gc`.
+`manifest/part-N.json` wins). A part names a Parquet object of completions under `data/`, a JSONL
+object of dead letters under `dead/`, or both. Readers trust only objects named by an entry; any
+other object under `data/` or `dead/` is an orphan of an interrupted flush, removed by
+`python -m producer gc`.
+
+Beside them, written by `enqueue`: `run.json` (the pinned settings), `enqueued/` (the ids each enqueue
+step claimed) and `rejected/` (the rows it refused). Their keys derive from their content, so a
+re-run writes the same objects again: each is complete the moment it exists, and needs no entry.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import msgspec
 
@@ -14,17 +22,29 @@ from workers.storage import ObjectStore, open_store
 
 MANIFEST_PREFIX = "manifest/"
 DATA_PREFIX = "data/"
+DEAD_PREFIX = "dead/"
+ENQUEUED_PREFIX = "enqueued/"
+REJECTED_PREFIX = "rejected/"
 SETTINGS_KEY = "run.json"
 CHECKSUM_PREFIX_CHARS = 16
 
 
-class ManifestEntry(Record, frozen=True):
-    part: int
+class ObjectRef(Record, frozen=True):
     key: str
     count: int
     bytes: int
     sha256: str
+
+
+class ManifestEntry(Record, frozen=True):
+    part: int
+    key: str | None  # the part's completions (Parquet); None when it holds only dead letters
+    count: int
+    bytes: int
+    sha256: str | None
     committed_at: float
+    dead: ObjectRef | None = None  # the part's dead letters (JSONL), if any
+    run: str = ""  # the run that committed it (entries of older versions leave it empty)
 
 
 def manifest_key(part: int) -> str:
@@ -33,6 +53,15 @@ def manifest_key(part: int) -> str:
 
 def data_key(part: int, sha256: str) -> str:
     return f"{DATA_PREFIX}part-{part:06d}-{sha256[:CHECKSUM_PREFIX_CHARS]}.parquet"
+
+
+def dead_key(part: int, sha256: str) -> str:
+    return f"{DEAD_PREFIX}part-{part:06d}-{sha256[:CHECKSUM_PREFIX_CHARS]}.jsonl"
+
+
+def content_key(prefix: str, data: bytes, suffix: str) -> str:
+    """A key that names its content: writing the same content again writes the same object."""
+    return f"{prefix}{hashlib.sha256(data).hexdigest()[:CHECKSUM_PREFIX_CHARS * 2]}{suffix}"
 
 
 def encode_entry(entry: ManifestEntry) -> bytes:
@@ -48,7 +77,12 @@ def read_manifest(store: ObjectStore) -> list[ManifestEntry]:
     return sorted(entries, key=lambda entry: entry.part)
 
 
+def completion_keys(entries: list[ManifestEntry]) -> list[str]:
+    """The committed completion objects, in part order."""
+    return [entry.key for entry in entries if entry.key is not None]
+
+
 def committed_locations(output_url: str) -> list[str]:
-    """Where each committed object lives, as a path (folder output) or an s3:// URL, in part order."""
+    """Where each committed completions object lives, as a path (folder) or an s3:// URL, in part order."""
     base = output_url.removeprefix("file://").rstrip("/")
-    return [f"{base}/{entry.key}" for entry in read_manifest(open_store(output_url))]
+    return [f"{base}/{key}" for key in completion_keys(read_manifest(open_store(output_url)))]

@@ -17,16 +17,23 @@ from redis.commands.core import Script
 
 # --------------------------------------------------------------------------- enqueue
 
-# KEYS: enqueued, this enqueue's session set. ARGV[1]: the chunk's ids as one JSON array (a thousand
-# separate arguments cost more than the rest of enqueue together). Returns one letter per id.
+# KEYS: enqueued, this enqueue's session set, done, staged, dead. ARGV[1]: the chunk's ids as one JSON
+# array (a thousand separate arguments cost more than the rest of enqueue together); ARGV[2]: '1' when
+# ids the run holds but nothing carries (no batch is open: Redis was rebuilt by `recover`) are to be
+# batched again. Returns one letter per id: new, already there, duplicate in the input, or orphaned.
+NEW = "n"
 ALREADY_THERE = "a"
 DUPLICATE_IN_INPUT = "d"
+ORPHANED = "o"
 CLASSIFY = """
 local out = {}
 for i, id in ipairs(cjson.decode(ARGV[1])) do
   if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
-  elseif redis.call('SISMEMBER', KEYS[1], id) == 1 then out[i] = 'a'
-  else out[i] = 'n' end
+  elseif redis.call('SISMEMBER', KEYS[1], id) == 0 then out[i] = 'n'
+  elseif ARGV[2] == '1' and redis.call('SISMEMBER', KEYS[3], id) == 0
+      and redis.call('HEXISTS', KEYS[4], id) == 0 and redis.call('HEXISTS', KEYS[5], id) == 0 then
+    out[i] = 'o'
+  else out[i] = 'a' end
 end
 return table.concat(out)
 """
@@ -76,13 +83,16 @@ redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu
 return 1
 """
 
-# KEYS: done, staged, dead, stats. ARGV: prompt id, letter (JSON), its stats field.
+# A dead letter is recorded once, and waits in dead_pending for the uploader to commit it.
+# KEYS: done, staged, dead, stats, dead_pending. ARGV: prompt id, letter (JSON), its stats field.
 DEAD_LETTER = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   return 0
 end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+local now = redis.call('TIME')
+redis.call('ZADD', KEYS[5], tonumber(now[1]) + tonumber(now[2]) / 1e6, ARGV[1])
 return 1
 """
 
@@ -103,18 +113,21 @@ local function mark_done(id)
 end
 """
 
-# Commit one object: only while holding the upload lock, and only for the expected part number.
-# KEYS: done, staged, staged_index, staged_bytes, upload_lock, next_part, manifest.
-# ARGV: lock token, part, manifest entry, then the prompt ids.
-# Returns the number of prompts newly marked done, or an error when the lock or part changed.
+# Commit one part: only while holding the upload lock, and only for the expected part number.
+# KEYS: done, staged, staged_index, staged_bytes, upload_lock, next_part, manifest, dead_pending.
+# ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids, then the
+# dead-lettered ids the part committed. Returns the number of prompts newly marked done, or an error
+# when the lock or part changed.
 COMMIT = (
     _MARK_DONE
     + """
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
 local part = tonumber(redis.call('GET', KEYS[6]) or '0')
 if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
+local completed = tonumber(ARGV[4])
 local newly = 0
-for i = 4, #ARGV do newly = newly + mark_done(ARGV[i]) end
+for i = 5, 4 + completed do newly = newly + mark_done(ARGV[i]) end
+for i = 5 + completed, #ARGV do redis.call('ZREM', KEYS[8], ARGV[i]) end
 redis.call('RPUSH', KEYS[7], ARGV[3])
 redis.call('SET', KEYS[6], part + 1)
 return newly

@@ -1,10 +1,10 @@
-"""Flushing a run's staged completions into committed objects.
+"""Flushing a run's staged completions and dead letters into committed objects.
 
 One flush at a time per run (a Redis lock with a token). Each part: choose the oldest staged
-completions (up to a count and a byte budget), write the object under a content-derived key, create
-its manifest entry if absent (the commit point), then mark its prompts done in Redis in one atomic
-step. A flush interrupted after the manifest entry is adopted by the next one, so nothing is
-committed twice.
+completions (up to a count and a byte budget) and dead letters (up to the same count), write their
+objects under content-derived keys, create the part's manifest entry if absent (the commit point),
+then mark its prompts done and its dead letters committed in Redis in one atomic step. A flush
+interrupted after the manifest entry is adopted by the next one, so nothing is committed twice.
 """
 
 from __future__ import annotations
@@ -16,13 +16,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import redis
 
-from inference.records import Completion
+from inference.records import Completion, DeadLetter
 from workers.codec import decode_blob
 from workers.errors import RetryLater, UploadLockLost
+from workers.jsonl_io import from_jsonl, to_jsonl
 from workers.ledger import RunLedger
-from workers.manifest import ManifestEntry, data_key, decode_entry, encode_entry, manifest_key
+from workers.manifest import (
+    ManifestEntry,
+    ObjectRef,
+    data_key,
+    dead_key,
+    decode_entry,
+    encode_entry,
+    manifest_key,
+)
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
 from workers.protocol import Scripts
 from workers.settings import UploadSettings
@@ -38,12 +48,15 @@ class FlushReport:
     parts: int = 0
     completions: int = 0
     adopted_parts: int = 0
+    dead_letters: int = 0
 
 
 @dataclass(frozen=True)
 class Selection:
     prompt_ids: list[str]
     blobs: list[bytes]
+    dead_ids: list[str]
+    dead_letters: list[DeadLetter]
 
 
 class Uploader:
@@ -74,24 +87,39 @@ class Uploader:
         return report
 
     def _due(self, ledger: RunLedger) -> Selection | None:
-        """The next part's completions if one is due: full by count or bytes, old, or the run drained."""
+        """The next part if one is due: full by count or bytes, its oldest record old, or the run drained."""
         keys = ledger.keys
-        oldest = self.client.zrange(keys.staged_index, 0, self.settings.max_completions - 1, withscores=True)
-        if not oldest:
+        most = self.settings.max_completions
+        oldest = self.client.zrange(keys.staged_index, 0, most - 1, withscores=True)
+        oldest_dead = self.client.zrange(keys.dead_pending, 0, most - 1, withscores=True)
+        if not oldest and not oldest_dead:
             return None
         staged_bytes = int(self.client.get(keys.staged_bytes) or 0)
         seconds, micros = self.client.time()
-        age_s = seconds + micros / 1e6 - oldest[0][1]
+        age_s = seconds + micros / 1e6 - min(score for _member, score in [*oldest[:1], *oldest_dead[:1]])
         due = (
-            len(oldest) >= self.settings.max_completions
+            len(oldest) >= most
+            or len(oldest_dead) >= most
             or staged_bytes >= self.settings.max_bytes
             or age_s >= self.settings.max_age_s
             or ledger.counts().remaining <= 0
         )
         if not due:
             return None
-        ids = [member.decode() for member, _score in oldest]
-        blobs = self.client.hmget(keys.staged, ids)
+        chosen_ids, chosen_blobs = self._completions(keys.staged, [m.decode() for m, _ in oldest])
+        dead_ids = [member.decode() for member, _score in oldest_dead]
+        letters = [
+            msgspec.json.decode(raw, type=DeadLetter)
+            for raw in (self.client.hmget(keys.dead, dead_ids) if dead_ids else [])
+            if raw is not None
+        ]
+        if not chosen_ids and not letters:
+            return None
+        return Selection(chosen_ids, chosen_blobs, [letter.prompt_id for letter in letters], letters)
+
+    def _completions(self, staged_key: str, ids: list[str]) -> tuple[list[str], list[bytes]]:
+        """The oldest staged completions that fit the byte budget (at least one)."""
+        blobs = self.client.hmget(staged_key, ids) if ids else []
         chosen_ids: list[str] = []
         chosen_blobs: list[bytes] = []
         total = 0
@@ -103,35 +131,55 @@ class Uploader:
             chosen_ids.append(prompt_id)
             chosen_blobs.append(blob)
             total += len(blob)
-        return Selection(chosen_ids, chosen_blobs) if chosen_ids else None
+        return chosen_ids, chosen_blobs
 
     def _commit_part(
         self, ledger: RunLedger, store: ObjectStore, token: str, selection: Selection, report: FlushReport
     ) -> None:
+        run = ledger.keys.run
         part = int(self.client.get(ledger.keys.next_part) or 0)
-        completions = [decode_blob(blob, Completion) for blob in selection.blobs]
-        data = completions_to_parquet(completions)
-        checksum = hashlib.sha256(data).hexdigest()
         entry = ManifestEntry(
             part=part,
-            key=data_key(part, checksum),
-            count=len(completions),
-            bytes=len(data),
-            sha256=checksum,
+            key=None,
+            count=0,
+            bytes=0,
+            sha256=None,
             committed_at=time.time(),
+            run=run,
         )
-        store.put(entry.key, data)
-        prompt_ids = selection.prompt_ids
+        if selection.blobs:
+            completions = [decode_blob(blob, Completion) for blob in selection.blobs]
+            data = completions_to_parquet(completions)
+            checksum = hashlib.sha256(data).hexdigest()
+            store.put(data_key(part, checksum), data)
+            entry = msgspec.structs.replace(
+                entry, key=data_key(part, checksum), count=len(completions), bytes=len(data), sha256=checksum
+            )
+        if selection.dead_letters:
+            ordered = sorted(selection.dead_letters, key=lambda letter: letter.prompt_id)
+            dead_data = to_jsonl(ordered)
+            dead_checksum = hashlib.sha256(dead_data).hexdigest()
+            dead_ref = ObjectRef(
+                key=dead_key(part, dead_checksum),
+                count=len(selection.dead_letters),
+                bytes=len(dead_data),
+                sha256=dead_checksum,
+            )
+            store.put(dead_ref.key, dead_data)
+            entry = msgspec.structs.replace(entry, dead=dead_ref)
+        prompt_ids, dead_ids = selection.prompt_ids, selection.dead_ids
         if not store.put_if_absent(manifest_key(part), encode_entry(entry)):
             entry = decode_entry(store.get(manifest_key(part)))
-            prompt_ids = prompt_ids_in(store.get(entry.key))
+            prompt_ids, dead_ids = ids_in_part(store, entry)
             report.adopted_parts += 1
-            log.warning(
-                "run %s part %d was committed by an interrupted flush; adopting it", ledger.keys.run, part
-            )
+            log.warning("run %s part %d was committed by an interrupted flush; adopting it", run, part)
         try:
             ledger.commit(
-                lock_token=token, part=part, manifest_entry=encode_entry(entry), prompt_ids=prompt_ids
+                lock_token=token,
+                part=part,
+                manifest_entry=encode_entry(entry),
+                prompt_ids=prompt_ids,
+                dead_ids=dead_ids,
             )
         except redis.ResponseError as error:
             raise UploadLockLost(
@@ -139,11 +187,24 @@ class Uploader:
             ) from error
         report.parts += 1
         report.completions += entry.count
+        report.dead_letters += entry.dead.count if entry.dead else 0
         log.info(
-            "run %s: committed part %d (%d completions, %d bytes) as %s",
-            ledger.keys.run,
+            "run %s: committed part %d (%d completions, %d dead letters, %d bytes) as %s",
+            run,
             part,
             entry.count,
+            entry.dead.count if entry.dead else 0,
             entry.bytes,
             entry.key,
         )
+
+
+def ids_in_part(store: ObjectStore, entry: ManifestEntry) -> tuple[list[str], list[str]]:
+    """The prompt ids a committed part holds: completed ones, then dead-lettered ones."""
+    completed = prompt_ids_in(store.get(entry.key)) if entry.key is not None else []
+    dead = (
+        [letter.prompt_id for letter in from_jsonl(store.get(entry.dead.key), DeadLetter)]
+        if entry.dead is not None
+        else []
+    )
+    return completed, dead

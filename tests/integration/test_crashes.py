@@ -168,7 +168,7 @@ def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_
     stack.start_generator(0)
     stack.start_uploader()
     again = stack.enqueue(data, run)
-    assert f"new                 {160 - len(committed_before)} prompts" in again
+    assert f"requeued            {160 - len(committed_before)} " in again, again
     stack.wait_finished(run, timeout_s=120)
     result = stack.verify(run)
     assert result.returncode == 0, result.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import redis
 
 from inference.records import PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
-from producer.errors import SettingsError
+from producer.errors import EnqueueBusy, SettingsError
+from producer.local_stack import wait_until
 from producer.reading import iter_prompts
 from workers.codec import decode_blob
 from workers.keys import RunKeys
@@ -19,6 +21,7 @@ from workers.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 RUN = "enqueue-test"
+WAIT_S = 10.0
 
 
 class RecordingPublisher:
@@ -145,3 +148,38 @@ def test_queued_batches_are_compressed_below_their_raw_size(
     ).enqueue(iter_prompts(data))
     stored = sum(redis_client.memory_usage(RunKeys(RUN).batch(b)) or 0 for b in publisher.published)
     assert stored < len(text) * 64
+
+
+class SlowPublisher(RecordingPublisher):
+    """Publishes only once told to: holds an enqueue at work while another one starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+
+    def __call__(self, run: str, batch_ids: Sequence[str]) -> None:
+        self.go.wait(timeout=WAIT_S)
+        super().__call__(run, batch_ids)
+
+
+def test_two_enqueues_of_one_run_at_the_same_moment_never_place_a_prompt_in_two_batches(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given an enqueue of a run at work (its publishing held back)
+    data = write_jsonl(tmp_path / "d.jsonl", rows(40))
+    pinned = pin_settings(redis_client, settings())
+    first = SlowPublisher()
+    worker = threading.Thread(
+        target=lambda: Enqueuer(redis_client, pinned, first, source=data).enqueue(iter_prompts(data))
+    )
+    worker.start()
+    wait_until(lambda: redis_client.exists(RunKeys(RUN).enqueue_lock) == 1, timeout_s=WAIT_S, what="a lease")
+    # When a second enqueue of the same data starts meanwhile, then it is refused, claiming nothing
+    second = RecordingPublisher()
+    with pytest.raises(EnqueueBusy, match="another enqueue of run"):
+        Enqueuer(redis_client, pinned, second, source=data).enqueue(iter_prompts(data))
+    first.go.set()
+    worker.join(timeout=WAIT_S)
+    # And every prompt is in exactly one batch
+    assert second.published == []
+    assert sorted(prompts_in_batches(redis_client, first.published)) == sorted(f"q{i}" for i in range(40))

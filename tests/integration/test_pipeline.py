@@ -19,11 +19,12 @@ import redis
 
 from inference.records import Quality
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
+from producer.local_stack import free_port
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.keys import RunKeys
 from workers.ledger import RunLedger
-from workers.manifest import read_manifest
+from workers.manifest import completion_keys, read_manifest
 from workers.runs import decode_run_settings
 from workers.storage import open_store
 
@@ -51,8 +52,8 @@ def committed_rows(stack: Stack, run: str) -> list[dict[str, object]]:
     settings = decode_run_settings(redis.Redis.from_url(stack.redis_url).get(RunKeys(run).settings))
     store = open_store(settings.output_url)
     rows: list[dict[str, object]] = []
-    for entry in read_manifest(store):
-        rows.extend(pq.read_table(io.BytesIO(store.get(entry.key))).to_pylist())
+    for key in completion_keys(read_manifest(store)):
+        rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
     return rows
 
 
@@ -214,6 +215,36 @@ def test_bad_rows_are_reported_and_every_other_row_completes(stack: Stack, tmp_p
     (letter,) = RunLedger(redis.Redis.from_url(stack.redis_url), run).dead_letters()
     assert (letter.prompt_id, letter.row, letter.reason) == ("too-long", 15, "rejected_by_server")
     assert "longer than the model's context length" in letter.error
+
+
+def test_the_output_alone_proves_a_run_complete_and_rebuilds_its_dead_letters_and_rejected_rows(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a finished run with a rejected row and a dead-lettered prompt
+    rows: list[object] = [
+        *(prompt_files.as_prompt(r) for r in prompt_files.questions(20, "record")),
+        '{"id": "broken", "prompt": ',
+        {"id": "too-long", "prompt": "word " * (CONTEXT_LENGTH + 10)},
+    ]
+    data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
+    run, output = "e2e-record", tmp_path / "out"
+    stack.enqueue(data, run, "--output", str(output), "--max-tokens", "4096")
+    stack.wait_finished(run)
+    client = redis.Redis.from_url(stack.redis_url)
+    keys = RunKeys(run)
+    before = (client.smembers(keys.enqueued), client.hgetall(keys.dead), client.hgetall(keys.rejected))
+    # When Redis is out of reach, verify proves it from the output alone
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    alone = stack.producer("verify", "--run", run, "--output", str(output), DRAFTGEN_REDIS_URL=nowhere)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "committed         21" not in alone.stdout and "committed         20" in alone.stdout
+    assert "dead-lettered     1 (1 committed to the output)" in alone.stdout
+    # And when Redis has lost the run, recover rebuilds its enqueued ids, dead letters and rejected rows
+    client.delete(*client.keys(f"draftgen:{run}:*"))
+    recovered = stack.producer("recover", "--run", run, "--output", str(output))
+    assert recovered.returncode == 0, recovered.stderr
+    after = (client.smembers(keys.enqueued), client.hgetall(keys.dead), client.hgetall(keys.rejected))
+    assert after == before
 
 
 def test_a_run_commits_to_s3_over_http_and_datasets_and_pandas_read_it(

@@ -93,7 +93,7 @@ def test_a_drained_run_flushes_its_last_partial_part(redis_client: redis.Redis, 
     )
     report = uploader(redis_client, store, max_completions=1000, max_age_s=3600).flush(RUN)
     assert report.completions == 2
-    assert verify_run(redis_client, RUN, store).ok
+    assert verify_run(store, RUN, redis_client).ok
 
 
 def test_old_completions_are_flushed_by_age(redis_client: redis.Redis, store: ObjectStore) -> None:
@@ -133,7 +133,7 @@ def test_a_prompt_staged_twice_is_committed_once(redis_client: redis.Redis, stor
     assert not ledger.stage(completion("a", content="again"))
     uploader(redis_client, store).flush(RUN)
     assert not ledger.stage(completion("a", content="after commit"))
-    report = verify_run(redis_client, RUN, store)
+    report = verify_run(store, RUN, redis_client)
     assert report.ok and report.committed == 1
 
 
@@ -150,7 +150,7 @@ def test_a_flush_interrupted_after_its_manifest_entry_is_adopted_not_repeated(
     # Then part 0 is adopted as it was, c goes into part 1, and nothing is committed twice
     assert report.adopted_parts == 1
     assert [entry.count for entry in read_manifest(store)] == [2, 1]
-    result = verify_run(redis_client, RUN, store)
+    result = verify_run(store, RUN, redis_client)
     assert result.ok, result
     assert result.committed == 3
     # and the object the second flush wrote for part 0 is an orphan that gc removes
@@ -175,7 +175,7 @@ def test_verify_reports_a_prompt_that_was_never_committed(
     ledger = start_run(redis_client, store.url, ["a", "b"])
     ledger.stage(completion("a"))
     uploader(redis_client, store, max_age_s=0).flush(RUN)
-    report = verify_run(redis_client, RUN, store)
+    report = verify_run(store, RUN, redis_client)
     assert not report.ok
     assert report.missing == ["b"]
 
@@ -205,5 +205,5 @@ def test_recover_on_a_live_redis_takes_committed_prompts_out_of_the_upload_path(
     # Then a and b count once, c goes into part 1, and nothing is committed twice
     assert (report.committed, report.newly_marked_done) == (2, 2)
     assert [e.count for e in read_manifest(store)] == [2, 1]
-    result = verify_run(redis_client, RUN, store)
+    result = verify_run(store, RUN, redis_client)
     assert result.ok, result

@@ -60,11 +60,11 @@ class Stack:
         for process in [*self.generators, *([self.uploader] if self.uploader else [])]:
             process.kill()
 
-    def producer(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def producer(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "producer", *args],
             cwd=PROJECT_ROOT,
-            env={**os.environ, **self.env()},
+            env={**os.environ, **self.env(), **env},
             capture_output=True,
             text=True,
             check=False,
@@ -80,7 +80,8 @@ class Stack:
 
         def finished() -> bool:
             counts = ledger.counts()
-            return counts.enqueued > 0 and counts.remaining == 0 and counts.staged == 0
+            committed = counts.staged == 0 and counts.dead_pending == 0
+            return counts.enqueued > 0 and counts.remaining == 0 and committed
 
         try:
             wait_until(finished, timeout_s=timeout_s, what=f"run {run} to finish")

@@ -1,22 +1,38 @@
-"""The generation engine with a fake server: the shared window, retries, dead letters, suspension."""
+"""The generation engine with a fake server: the shared window, retries, dead letters, suspension,
+and budget retries of thinking cut off by max_tokens."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from inference.client import ChatResult
 from inference.errors import InferenceRejected, InferenceUnavailable
-from inference.records import Completion, DeadLetter, Message, Origin, SamplingSettings, Usage
+from inference.records import Message, Origin, Quality, SamplingSettings, Usage
 from producer.local_stack import wait_until
+from tests.support.handover import Recorder
 from tests.support.records import prompt
-from workers.generation import REASON_EXHAUSTED, REASON_REJECTED, BatchOutcome, GenerationEngine, RetryPolicy
+from workers.generation import (
+    CONTEXT_HEADROOM_TOKENS,
+    REASON_EXHAUSTED,
+    REASON_REJECTED,
+    BatchOutcome,
+    GenerationEngine,
+    RetryPolicy,
+    Truncation,
+)
+from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 WINDOW = 4
 WAIT_S = 10.0
+PROMPT_TOKENS = 3
+CONTEXT_TOKENS = 40_960  # the README's `serve --context-length`
+RUN_BUDGET = 32_768  # the README's --max-tokens
+ENDLESS_THINKING_TOKENS = 1_000_000  # thinks past any budget: every answer is cut off in thinking
 
 
 class FakeServer:
@@ -28,6 +44,9 @@ class FakeServer:
         self.running = 0
         self.peak_running = 0
         self.failures: dict[str, list[Exception]] = {}
+        self.thinking_tokens: dict[str, int] = {}  # a prompt thinks this long; smaller budgets cut it off
+        self.enforced_context: int | None = None  # refuses, as SGLang does, what does not fit
+        self.budgets: dict[str, list[int]] = defaultdict(list)  # max_tokens of every request, per prompt
         self.lock = threading.Lock()
 
     def releaser(self, prompt_id: str) -> threading.Event:
@@ -38,18 +57,35 @@ class FakeServer:
         prompt_id = rid.split(":")[1]
         with self.lock:
             self.started.append(prompt_id)
+            self.budgets[prompt_id].append(sampling.max_tokens)
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
         try:
             pending = self.failures.get(prompt_id)
             if pending:
                 raise pending.pop(0)
+            self._check_context(sampling.max_tokens)
             event = self.releaser(prompt_id)
             while not event.is_set():
                 await asyncio.sleep(0.001)
         finally:
             with self.lock:
                 self.running -= 1
+        thinking = self.thinking_tokens.get(prompt_id, 0)
+        if sampling.max_tokens < thinking:
+            return ChatResult(
+                content="",
+                reasoning_content="\nthought",
+                finish_reason="length",
+                usage=Usage(
+                    prompt_tokens=PROMPT_TOKENS,
+                    completion_tokens=sampling.max_tokens,
+                    reasoning_tokens=sampling.max_tokens,
+                ),
+                spec_accept_length=3.5,
+                started_at=0.0,
+                finished_at=1.0,
+            )
         return ChatResult(
             content="\n\nanswer",
             reasoning_content="\nthought\n",
@@ -60,22 +96,29 @@ class FakeServer:
             finished_at=1.0,
         )
 
+    def _check_context(self, max_tokens: int) -> None:
+        if self.enforced_context is not None and PROMPT_TOKENS + max_tokens > self.enforced_context:
+            raise InferenceRejected(
+                "HTTP 400: Requested token count exceeds the model's maximum context length of "
+                f"{self.enforced_context} tokens.",
+                status=400,
+            )
+
     async def close(self) -> None:
         return None
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.staged: list[Completion] = []
-        self.dead: list[DeadLetter] = []
+class StatingServer(FakeServer):
+    """A fake server whose client can say its context length (None: the server does not state it)."""
 
-    def stage(self, completion: Completion) -> bool:
-        self.staged.append(completion)
-        return True
+    def __init__(self, stated_context: int | None) -> None:
+        super().__init__()
+        self.stated_context = stated_context
+        self.context_lookups = 0
 
-    def dead_letter(self, letter: DeadLetter) -> bool:
-        self.dead.append(letter)
-        return True
+    async def context_length(self) -> int | None:
+        self.context_lookups += 1
+        return self.stated_context
 
 
 @pytest.fixture
@@ -83,16 +126,43 @@ def server() -> FakeServer:
     return FakeServer()
 
 
-@pytest.fixture
-def engine(server: FakeServer) -> Iterator[GenerationEngine]:
-    engine = GenerationEngine(
+def make_engine(server: FakeServer) -> GenerationEngine:
+    return GenerationEngine(
         lambda: server,
         max_in_flight=WINDOW,
         retry=RetryPolicy(max_attempts=3, backoff_base_s=0.001, backoff_cap_s=0.001),
         origin=Origin(host="h", gpu=0, server_url="http://sim"),
     )
+
+
+@pytest.fixture
+def engine(server: FakeServer) -> Iterator[GenerationEngine]:
+    engine = make_engine(server)
     yield engine
     engine.close()
+
+
+@pytest.fixture
+def engine_for() -> Iterator[Callable[[FakeServer], GenerationEngine]]:
+    """Engines over a given fake server; all are closed after the test."""
+    engines: list[GenerationEngine] = []
+
+    def start(server: FakeServer) -> GenerationEngine:
+        engines.append(make_engine(server))
+        return engines[-1]
+
+    yield start
+    for started in engines:
+        started.close()
+
+
+RETRY_TRUNCATED = Truncation(TruncationPolicy.RETRY, DEFAULT_RETRY_MAX_TOKENS_CAP)
+
+
+def thinks_forever(server: FakeServer, *prompt_ids: str) -> None:
+    for prompt_id in prompt_ids:
+        server.thinking_tokens[prompt_id] = ENDLESS_THINKING_TOKENS
+        server.releaser(prompt_id).set()
 
 
 def run_in_thread(
@@ -197,3 +267,107 @@ def test_suspending_abandons_requests_in_flight_and_returns_their_prompts(
     server.releaser("h1").set()
     outcome = engine.run_batch("r", [prompt("h1")], SamplingSettings(), recorder)
     assert outcome.staged == 1
+
+
+def test_a_budget_retry_never_asks_for_more_than_the_server_s_context_leaves(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    # Given the README's server (40,960 tokens of context) and a run retrying truncated thinking
+    server = StatingServer(stated_context=CONTEXT_TOKENS)
+    server.enforced_context = CONTEXT_TOKENS
+    thinks_forever(server, "long")
+    recorder = Recorder()
+    # When a prompt thinks past every budget
+    outcome = engine_for(server).run_batch(
+        "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+    )
+    # Then the retry asks for what the context leaves after the prompt, not double, and stops there
+    fits = CONTEXT_TOKENS - PROMPT_TOKENS - CONTEXT_HEADROOM_TOKENS
+    assert server.budgets["long"] == [RUN_BUDGET, fits]
+    assert (outcome.staged, outcome.dead_lettered) == (1, 0)
+    (kept,) = recorder.staged
+    assert (kept.quality, kept.sampling.max_tokens, kept.budget_retries) == (
+        Quality.TRUNCATED_IN_THINKING,
+        fits,
+        1,
+    )
+
+
+def test_a_refused_budget_retry_keeps_the_completion_it_had(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    # Given a server that does not state its context but refuses what exceeds it
+    server = StatingServer(stated_context=None)
+    server.enforced_context = CONTEXT_TOKENS
+    thinks_forever(server, "long")
+    recorder = Recorder()
+    # When the first budget retry is answered (still cut off) and the second one is refused
+    first_budget = RUN_BUDGET // 2
+    outcome = engine_for(server).run_batch(
+        "r", [prompt("long")], SamplingSettings(max_tokens=first_budget), recorder, RETRY_TRUNCATED
+    )
+    assert server.budgets["long"] == [first_budget, RUN_BUDGET, 2 * RUN_BUDGET]
+    # Then the completion of the last budget answered is staged, saying which budget and retry made it
+    assert (outcome.staged, outcome.dead_lettered) == (1, 0)
+    assert recorder.dead == []
+    (kept,) = recorder.staged
+    assert (kept.quality, kept.sampling.max_tokens, kept.budget_retries) == (
+        Quality.TRUNCATED_IN_THINKING,
+        RUN_BUDGET,
+        1,
+    )
+
+
+def test_a_refusal_on_the_first_attempt_still_dead_letters_under_the_retry_policy(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    server = StatingServer(stated_context=CONTEXT_TOKENS)
+    server.failures["bad"] = [InferenceRejected("HTTP 400: too long", status=400)]
+    recorder = Recorder()
+    outcome = engine_for(server).run_batch(
+        "r", [prompt("bad")], SamplingSettings(), recorder, RETRY_TRUNCATED
+    )
+    assert (outcome.staged, outcome.dead_lettered) == (0, 1)
+    assert recorder.dead[0].reason == REASON_REJECTED
+
+
+def test_a_server_that_does_not_state_its_context_is_capped_only_by_the_configured_cap(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    # Given one server whose client cannot ask, and one that asks and is told nothing
+    for server in (FakeServer(), StatingServer(stated_context=None)):
+        thinks_forever(server, "long")
+        recorder = Recorder()
+        # When a prompt thinks past every budget
+        engine_for(server).run_batch(
+            "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+        )
+        # Then the budget doubles up to the cap, and the cap's completion is kept
+        assert server.budgets["long"] == [RUN_BUDGET, 2 * RUN_BUDGET, DEFAULT_RETRY_MAX_TOKENS_CAP]
+        (kept,) = recorder.staged
+        assert (kept.sampling.max_tokens, kept.budget_retries) == (DEFAULT_RETRY_MAX_TOKENS_CAP, 2)
+
+
+def test_the_server_s_context_is_asked_once_and_only_when_a_retry_is_on_the_table(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    server = StatingServer(stated_context=CONTEXT_TOKENS)
+    engine = engine_for(server)
+    # A batch that is never cut off does not ask
+    server.releaser("short").set()
+    engine.run_batch("r", [prompt("short")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
+    assert server.context_lookups == 0
+    # Batches cut off ask once, and every later retry uses the answer
+    thinks_forever(server, "a", "b", "c")
+    engine.run_batch("r", [prompt("a"), prompt("b")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
+    engine.run_batch("r", [prompt("c")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
+    assert server.context_lookups == 1
+
+
+def test_a_retry_that_would_not_grow_the_budget_is_not_made() -> None:
+    fits = CONTEXT_TOKENS - PROMPT_TOKENS - CONTEXT_HEADROOM_TOKENS
+    assert (
+        RETRY_TRUNCATED.next_budget(fits, prompt_tokens=PROMPT_TOKENS, context_length=CONTEXT_TOKENS) is None
+    )
+    assert RETRY_TRUNCATED.next_budget(DEFAULT_RETRY_MAX_TOKENS_CAP) is None
+    assert Truncation(TruncationPolicy.KEEP).next_budget(RUN_BUDGET, context_length=CONTEXT_TOKENS) is None

@@ -1,0 +1,73 @@
+"""Reading a run's record from its object store alone: what was enqueued, rejected, committed, dead-lettered.
+
+Everything here trusts only what the store holds: the manifest and the objects it names, and the
+content-keyed `enqueued/` and `rejected/` objects `enqueue` writes. `verify --output` and `recover`
+stand on it, so completeness can be proven with Redis gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgspec
+
+from inference.records import DeadLetter
+from producer.enqueue import StoredRejection
+from workers.jsonl_io import from_jsonl
+from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
+from workers.parquet_io import prompt_ids_in
+from workers.storage import ObjectMissing, ObjectStore
+
+
+@dataclass
+class CommittedRecord:
+    entries: list[ManifestEntry] = field(default_factory=list)
+    completed: Counter[str] = field(default_factory=Counter)  # prompt id -> committed completions
+    dead: dict[str, DeadLetter] = field(default_factory=dict)
+    dead_occurrences: Counter[str] = field(default_factory=Counter)
+    broken_objects: list[str] = field(default_factory=list)  # absent, or checksum differs from the manifest
+
+
+def _checked(store: ObjectStore, key: str, sha256: str | None, record: CommittedRecord) -> bytes | None:
+    try:
+        data = store.get(key)
+    except ObjectMissing:
+        record.broken_objects.append(f"{key}: listed in the manifest but absent")
+        return None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        record.broken_objects.append(f"{key}: checksum differs from the manifest")
+    return data
+
+
+def read_committed(store: ObjectStore) -> CommittedRecord:
+    """Every committed part's prompt ids and dead letters, checksums checked."""
+    record = CommittedRecord(entries=read_manifest(store))
+    for entry in record.entries:
+        if entry.key is not None:
+            data = _checked(store, entry.key, entry.sha256, record)
+            if data is not None:
+                record.completed.update(prompt_ids_in(data))
+        if entry.dead is not None:
+            dead_data = _checked(store, entry.dead.key, entry.dead.sha256, record)
+            for letter in from_jsonl(dead_data, DeadLetter) if dead_data is not None else []:
+                record.dead[letter.prompt_id] = letter
+                record.dead_occurrences[letter.prompt_id] += 1
+    return record
+
+
+def read_enqueued_ids(store: ObjectStore) -> set[str]:
+    """Every id any enqueue of the run claimed (objects may overlap after a crash: a set absorbs that)."""
+    ids: set[str] = set()
+    for info in store.list(ENQUEUED_PREFIX):
+        ids.update(msgspec.json.decode(store.get(info.key), type=list[str]))
+    return ids
+
+
+def read_rejections(store: ObjectStore) -> list[StoredRejection]:
+    found: dict[tuple[str, str, int], StoredRejection] = {}
+    for info in store.list(REJECTED_PREFIX):
+        for stored in from_jsonl(store.get(info.key), StoredRejection):
+            found[(stored.source, stored.rejected.file, stored.rejected.row)] = stored
+    return list(found.values())
