@@ -277,10 +277,10 @@ class GenerationEngine:
             retry = msgspec.structs.replace(completion.sampling, max_tokens=larger)
             try:
                 retried = await self._attempts(job, prompt, retry, completion.budget_retries + 1)
-            except InferenceRejected as error:  # keep what we have
+            except (InferenceRejected, InferenceUnavailable) as error:  # keep what we have
                 log.warning(
-                    "prompt %s: budget retry at max_tokens=%d refused, keeping the completion of "
-                    "max_tokens=%d: %s",
+                    "prompt %s: budget retry at max_tokens=%d refused or unanswered, keeping the "
+                    "completion of max_tokens=%d: %s",
                     prompt.id,
                     larger,
                     completion.sampling.max_tokens,
@@ -337,7 +337,10 @@ class GenerationEngine:
     async def _attempts(
         self, job: _Job, prompt: Prompt, sampling: SamplingSettings, budget_retries: int
     ) -> Completion | None:
-        """One answer within the retry policy; None once the prompt is dead-lettered or left pending."""
+        """One answer within the retry policy; None once the prompt is dead-lettered or left pending.
+
+        A budget retry (`budget_retries` > 0) is never dead-lettered nor left pending: its refusal or
+        failure is raised, and the caller keeps the completion it already had."""
         handover, outcome, run = job.handover, job.outcome, job.run
         last_error: InferenceUnavailable | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
@@ -372,6 +375,8 @@ class GenerationEngine:
                 continue
             return build_completion(prompt, result, sampling, self._origin, attempt, budget_retries)
         assert last_error is not None
+        if budget_retries:
+            raise last_error  # a budget retry that got no answer: the caller keeps the completion it had
         outcome.last_error = str(last_error)
         if last_error.server_unreachable or self._stop_reason(job) is not None:
             outcome.unreachable.append(prompt.id)

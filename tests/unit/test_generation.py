@@ -318,6 +318,33 @@ def test_a_refused_budget_retry_keeps_the_completion_it_had(
     )
 
 
+class FailsAboveBudget(StatingServer):
+    """Answers within a budget; anything larger fails with a 5xx, every time."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(stated_context=None)
+        self.budget = budget
+
+    def _check_context(self, max_tokens: int) -> None:
+        if max_tokens > self.budget:
+            raise InferenceUnavailable("HTTP 503: overloaded")
+
+
+def test_a_budget_retry_that_fails_every_attempt_keeps_the_completion_it_had(
+    engine_for: Callable[[FakeServer], GenerationEngine],
+) -> None:
+    # Given a prompt cut off in thinking, whose budget retry fails with 5xx on every attempt
+    server = FailsAboveBudget(budget=RUN_BUDGET)
+    thinks_forever(server, "long")
+    recorder = Recorder()
+    outcome = engine_for(server).run_batch(
+        "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+    )
+    # Then the truncated completion is staged, not dead-lettered, and the batch is not handed back
+    assert (outcome.staged, outcome.dead_lettered, outcome.unreachable) == (1, 0, [])
+    assert recorder.staged[0].sampling.max_tokens == RUN_BUDGET
+
+
 def test_a_refusal_on_the_first_attempt_still_dead_letters_under_the_retry_policy(
     engine_for: Callable[[FakeServer], GenerationEngine],
 ) -> None:
