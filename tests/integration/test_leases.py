@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from producer.enqueue import Enqueuer
 from producer.local_stack import free_port, start_redis
 from tests.support.records import completion, prompt
 from workers.keys import RunKeys
+from workers.kombu_layout import waiting_generate_batches
 from workers.leases import Acquired, LeaseKeeper, decode_holder
 from workers.ledger import RunLedger
 from workers.queues import GENERATE_QUEUE, GENERATE_TASK
@@ -203,3 +207,25 @@ def test_staged_completions_younger_than_the_upload_age_wait_while_batches_remai
     RunLedger(redis_client, RUN).stage(completion("p0"))
     dispatcher = RecordingDispatcher()
     assert reconciler(redis_client, dispatcher).reconcile_all().flushes == 0
+
+
+def test_enqueue_re_run_requeues_the_batches_whose_messages_were_lost(redis_url: str, tmp_path: Path) -> None:
+    # Given a run enqueued while no worker runs, whose queued messages are then lost
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"question {i}"}) + "\n" for i in range(8)))
+    env = {**os.environ, "DRAFTGEN_REDIS_URL": redis_url}
+    command = [sys.executable, "-m", "producer", "enqueue", str(data), "--run", "lost-messages"]
+    command += ["--output", str(tmp_path / "out"), "--batch-size", "2"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert first.returncode == 0, first.stderr
+    client = redis.Redis.from_url(redis_url)
+    assert client.llen(GENERATE_QUEUE) == 4
+    client.delete(GENERATE_QUEUE)
+    # When enqueue runs again with the same data
+    again = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    # Then it adds nothing new, but every batch no message carried is queued again
+    assert again.returncode == 0, again.stderr
+    assert "requeued            4 batches" in again.stdout
+    assert waiting_generate_batches(client, max_messages=100) == {
+        ("lost-messages", raw.decode()) for raw in client.zrange(RunKeys("lost-messages").open_batches, 0, -1)
+    }
