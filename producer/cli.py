@@ -16,7 +16,7 @@ from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.errors import ProducerError, RunNotFound, SettingsError
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S, collect_orphans
 from producer.reading import iter_prompts
-from producer.recover import read_run_settings, recover_run, write_run_settings
+from producer.recover import check_output_belongs_to, read_run_settings, recover_run, write_run_settings
 from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
@@ -210,6 +210,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
         default_output=settings.default_output,
     )
     items = iter_prompts(args.data)  # opens the source now: a missing file fails before anything is pinned
+    check_output_belongs_to(open_store(given.output_url), run)  # before anything is pinned
     pinned = pin_settings(client, given)
     store = open_store(pinned.output_url)
     write_run_settings(store, pinned)  # also proves the output is writable, now

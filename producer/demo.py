@@ -116,7 +116,7 @@ def wait_for_run(client: redis.Redis, run: str, console: Console) -> None:
         while True:
             counts = ledger.counts()
             progress.update(task, completed=counts.done + counts.dead)
-            if counts.remaining == 0 and counts.staged == 0:
+            if counts.remaining == 0 and counts.staged == 0 and counts.dead_pending == 0:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {run} did not finish in {RUN_TIMEOUT_S:.0f} s: {counts}")
@@ -128,7 +128,7 @@ def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
     console = Console(soft_wrap=True)
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
-    output = (args.workdir / "output").resolve()
+    output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
         console.print(f"\n$ python -m producer enqueue {args.data} --run {run} --output {output}")
         enqueue_args = [

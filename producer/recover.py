@@ -38,8 +38,22 @@ class RecoverReport:
     rejected_rows: int = 0
 
 
+def check_output_belongs_to(store: ObjectStore, run: str) -> None:
+    """An output belongs to one run: one holding another run's settings is refused (SettingsError)."""
+    try:
+        existing = decode_run_settings(store.get(SETTINGS_KEY))
+    except ObjectMissing:
+        return
+    if existing.run != run:
+        raise SettingsError(
+            f"{store.url} holds the output of run {existing.run!r}; an output belongs to one run: "
+            f"give run {run!r} an --output of its own"
+        )
+
+
 def write_run_settings(store: ObjectStore, settings: RunSettings) -> None:
     """Keep the run's settings beside its data (idempotent: the same bytes every time)."""
+    check_output_belongs_to(store, settings.run)
     store.put(SETTINGS_KEY, encode_run_settings(settings))
 
 

@@ -21,7 +21,7 @@ import redis
 
 from inference.records import Completion, DeadLetter
 from workers.codec import decode_blob
-from workers.errors import RetryLater, UploadLockLost
+from workers.errors import RetryLater, RunBroken, UploadLockLost
 from workers.jsonl_io import from_jsonl, to_jsonl
 from workers.ledger import RunLedger
 from workers.manifest import (
@@ -170,6 +170,11 @@ class Uploader:
         prompt_ids, dead_ids = selection.prompt_ids, selection.dead_ids
         if not store.put_if_absent(manifest_key(part), encode_entry(entry)):
             entry = decode_entry(store.get(manifest_key(part)))
+            if entry.run and entry.run != run:
+                raise RunBroken(
+                    f"{store.url} part {part} was committed by run {entry.run!r}, not {run!r}: "
+                    f"an output belongs to one run; nothing of run {run!r} is committed there"
+                )
             prompt_ids, dead_ids = ids_in_part(store, entry)
             report.adopted_parts += 1
             log.warning("run %s part %d was committed by an interrupted flush; adopting it", run, part)
