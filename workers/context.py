@@ -64,6 +64,7 @@ class WorkerContext:
                     backoff_cap_s=settings.backoff_cap_s,
                 ),
                 origin=self.origin,
+                deadlines=settings.deadline_policy(),
             ),
         )
 

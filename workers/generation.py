@@ -33,6 +33,7 @@ from inference.records import (
     SamplingSettings,
     Timings,
 )
+from workers.request_deadline import DeadlinePolicy, RequestDeadlines
 from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 log = logging.getLogger(__name__)
@@ -170,9 +171,11 @@ class GenerationEngine:
         max_in_flight: int,
         retry: RetryPolicy,
         origin: Origin,
+        deadlines: DeadlinePolicy | None = None,
     ) -> None:
         self._retry = retry
         self._origin = origin
+        self._deadlines = RequestDeadlines(deadlines or DeadlinePolicy())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
         self._thread.start()
@@ -398,14 +401,23 @@ class GenerationEngine:
                 raise InferenceUnavailable(f"not sent: {stop_reason}")
             task = asyncio.ensure_future(self._client.chat(prompt.messages, sampling, rid))
             self._in_flight.add(task)
+            deadline_s = self._deadlines.deadline_s(sampling.max_tokens)
             try:
-                return await task
+                result = await asyncio.wait_for(task, timeout=deadline_s)
+            except TimeoutError:
+                raise InferenceUnavailable(
+                    f"no answer within its deadline of {deadline_s:.0f} s, set by the server's slow decode "
+                    f"rate of late ({self._deadlines.slow_rate():.1f} tokens/s) for up to "
+                    f"{sampling.max_tokens} tokens: taken for hung"
+                ) from None
             except asyncio.CancelledError:
                 if self._suspended_because is None or not task.cancelled():
                     raise
                 raise InferenceUnavailable(f"abandoned: {self._suspended_because}") from None
             finally:
                 self._in_flight.discard(task)
+            self._deadlines.observe(result.usage.completion_tokens, result.finished_at - result.started_at)
+            return result
 
     @staticmethod
     async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from inference.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
 from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
+from workers.request_deadline import DEFAULT_DEADLINE_FACTOR, DEFAULT_DEADLINE_SLACK_S, DeadlinePolicy
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -94,6 +95,8 @@ class WorkerSettings:
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
     stranded_grace_s: float = DEFAULT_STRANDED_GRACE_S
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    request_deadline_factor: float = DEFAULT_DEADLINE_FACTOR
+    request_deadline_slack_s: float = DEFAULT_DEADLINE_SLACK_S
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(
@@ -103,6 +106,9 @@ class WorkerSettings:
             connect_timeout_s=self.connect_timeout_s,
             max_connections=self.max_in_flight * 2,
         )
+
+    def deadline_policy(self) -> DeadlinePolicy:
+        return DeadlinePolicy(factor=self.request_deadline_factor, slack_s=self.request_deadline_slack_s)
 
     def reconcile_settings(self) -> ReconcileSettings:
         return ReconcileSettings(
@@ -172,4 +178,8 @@ class WorkerSettings:
             reconcile_interval_s=float(get("RECONCILE_INTERVAL_S") or defaults.reconcile_interval_s),
             stranded_grace_s=float(get("STRANDED_GRACE_S") or defaults.stranded_grace_s),
             shutdown_grace_s=float(get("SHUTDOWN_GRACE_S") or defaults.shutdown_grace_s),
+            request_deadline_factor=float(get("REQUEST_DEADLINE_FACTOR") or defaults.request_deadline_factor),
+            request_deadline_slack_s=float(
+                get("REQUEST_DEADLINE_SLACK_S") or defaults.request_deadline_slack_s
+            ),
         )
