@@ -1,6 +1,6 @@
 """Read an SGLang server's `/metrics` (Prometheus text, needs `--enable-metrics`) into a typed snapshot.
 
-What the snapshot carries, and why (shared/reference/sglang-api.md §5):
+What the snapshot carries, and why (SGLang 0.5.23 `metrics/collector.py`, as docs/simulator.md summarises):
 - running and queued requests: the scheduler's gauges `sglang:num_running_reqs` and
   `sglang:num_queue_reqs`, summed over ranks. SGLang refreshes them every decode-log interval, so a
   hung scheduler keeps showing its last value: still "busy", which is what a liveness judge needs.

@@ -22,7 +22,9 @@ from botocore.config import Config
 from workers.errors import RetryLater
 
 STORE_RETRY_DELAY_S = 10.0
-S3_MAX_ATTEMPTS = 5  # botocore's own retry layer is the one layer for this hop
+# botocore retries each request (its own layer); a flush that still fails raises StoreUnavailable, and
+# Celery's retry of the flush task is the layer above it: the whole part is written again later.
+S3_MAX_ATTEMPTS = 5
 S3_PRECONDITION_FAILED = "PreconditionFailed"
 S3_CONFLICT = "ConditionalRequestConflict"
 S3_NOT_FOUND = ("NoSuchKey", "404", "NotFound")

@@ -9,6 +9,6 @@ staging.py    copy it to /dev/shm once per node, verified
 progress.py   the rich progress bar staging shows
 units.py      byte counts for people
 cli.py        the `serve`, `stage` and `wait` sub-commands of `python -m inference`
-              (also `python -m inference.node`, which needs nothing else of `inference`)
+              (also `python -m inference.node`; preflight uses the SGLang client and records)
 errors.py     the error tree
 """
