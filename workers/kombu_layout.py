@@ -1,7 +1,7 @@
 """Reading kombu's Redis layout (see workers/queues.py): which batches wait in the generate queue, and
 dropping the unacknowledged copy of a message whose batch was dispatched again.
 
-Only the reconciler uses this, and only to be thrifty: if a kombu release changed the layout,
+Only the reconciler uses this, and only to be thrifty and tidy: if a kombu release changed the layout,
 tests/integration/test_kombu_layout.py fails; at run time an envelope it cannot read counts as
 naming no batch, which at worst dispatches a waiting batch twice (the lease makes that harmless).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable
+from typing import Any
 
 import redis
 
@@ -22,7 +23,13 @@ SCAN_COUNT = 1000
 def generate_batch_of(envelope: bytes | str) -> tuple[str, str] | None:
     """(run, batch id) of a generate message's envelope, or None for anything else."""
     try:
-        message = json.loads(envelope)
+        return _batch_of_message(json.loads(envelope))
+    except ValueError:
+        return None
+
+
+def _batch_of_message(message: dict[str, Any]) -> tuple[str, str] | None:
+    try:
         if message.get("headers", {}).get("task") != GENERATE_TASK:
             return None
         body = message["body"]
@@ -34,13 +41,13 @@ def generate_batch_of(envelope: bytes | str) -> tuple[str, str] | None:
         return None
 
 
-def _task_id_of_unacked(value: bytes) -> str | None:
-    """The task id of an `unacked` hash value: JSON `[envelope, exchange, routing key]`."""
+def _batch_of_unacked(value: bytes) -> tuple[str, str] | None:
+    """(run, batch id) of an `unacked` hash value: JSON `[envelope, exchange, routing key]`."""
     try:
-        task_id = json.loads(value)[0]["headers"]["id"]
-    except (ValueError, TypeError, KeyError, IndexError):
+        message = json.loads(value)[0]
+    except (ValueError, TypeError, IndexError, KeyError):
         return None
-    return str(task_id)
+    return _batch_of_message(message) if isinstance(message, dict) else None
 
 
 def waiting_generate_batches(client: redis.Redis, *, max_messages: int) -> set[tuple[str, str]] | None:
@@ -56,16 +63,18 @@ def waiting_generate_batches(client: redis.Redis, *, max_messages: int) -> set[t
     return found
 
 
-def drop_unacked_of_tasks(client: redis.Redis, task_ids: Iterable[str]) -> int:
-    """Remove the unacknowledged messages of these task ids (their batches were dispatched anew), so
-    they are not counted in flight, nor restored hours later. Returns how many went."""
-    wanted = set(task_ids)
+def drop_unacked_of_batches(client: redis.Redis, run: str, batch_ids: Iterable[str]) -> int:
+    """Remove the unacknowledged messages of these batches, about to be dispatched anew: a dead worker's
+    copies are then neither counted in flight nor restored hours later. Call it before dispatching, so
+    the new message is never among those removed. Returns how many went."""
+    wanted = {(run, batch_id) for batch_id in batch_ids}
     if not wanted:
         return 0
-    tags = []
-    for tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=SCAN_COUNT):
-        if _task_id_of_unacked(value) in wanted:
-            tags.append(tag)
+    tags = [
+        tag
+        for tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=SCAN_COUNT)
+        if _batch_of_unacked(value) in wanted
+    ]
     if not tags:
         return 0
     with client.pipeline(transaction=False) as pipe:

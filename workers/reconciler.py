@@ -26,7 +26,7 @@ from typing import Protocol
 import redis
 
 from workers.keys import KEY_PREFIX, RUNS_KEY, RunKeys
-from workers.kombu_layout import drop_unacked_of_tasks, waiting_generate_batches
+from workers.kombu_layout import drop_unacked_of_batches, waiting_generate_batches
 from workers.leases import decode_holder
 from workers.periodic import PeriodicThread
 from workers.protocol import Scripts
@@ -120,10 +120,12 @@ class Reconciler:
         keys = RunKeys(run)
         flat = self._scripts.expire_leases(keys=[keys.open_batches, keys.leases, keys.lease_owners])
         report = ReconcileReport()
-        task_ids = []
-        for batch_raw, holder_raw in zip(flat[::2], flat[1::2], strict=True):
-            batch_id = batch_raw.decode()
-            holder = decode_holder(holder_raw) if holder_raw else None
+        expired = [
+            (raw.decode(), decode_holder(holder) if holder else None)
+            for raw, holder in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        report.stale_messages_dropped = drop_unacked_of_batches(self._client, run, (b for b, _ in expired))
+        for batch_id, holder in expired:
             log.warning(
                 "batch %s of run %s: lease of %s ran out; dispatching it again",
                 batch_id,
@@ -132,9 +134,6 @@ class Reconciler:
             )
             self._dispatch.generate(run, batch_id)
             report.expired_leases += 1
-            if holder is not None:
-                task_ids.append(holder.task_id)
-        report.stale_messages_dropped = drop_unacked_of_tasks(self._client, task_ids)
         return report
 
     def _stranded_candidates(self, run: str) -> list[str]:
@@ -152,9 +151,12 @@ class Reconciler:
         if not batch_ids:
             return 0
         keys = RunKeys(run)
-        chosen = self._scripts.redispatch(keys=[keys.open_batches, keys.leases], args=batch_ids)
-        for raw in chosen:
-            batch_id = raw.decode()
+        chosen = [
+            raw.decode()
+            for raw in self._scripts.redispatch(keys=[keys.open_batches, keys.leases], args=batch_ids)
+        ]
+        drop_unacked_of_batches(self._client, run, chosen)  # a dead worker's delayed retry, say
+        for batch_id in chosen:
             log.warning("batch %s of run %s: in no queue, held by nobody; dispatched again", batch_id, run)
             self._dispatch.generate(run, batch_id)
         return len(chosen)

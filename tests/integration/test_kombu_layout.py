@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from workers.app import make_app
-from workers.kombu_layout import drop_unacked_of_tasks, waiting_generate_batches
+from workers.kombu_layout import drop_unacked_of_batches, waiting_generate_batches
 from workers.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.settings import WorkerSettings
 
@@ -30,7 +30,7 @@ def test_a_long_queue_is_not_read(redis_url: str) -> None:
     assert waiting_generate_batches(redis.Redis.from_url(redis_url), max_messages=1) is None
 
 
-def test_a_delivered_unacknowledged_message_is_dropped_by_its_task_id(redis_url: str) -> None:
+def test_a_delivered_unacknowledged_message_is_dropped_by_its_batch(redis_url: str) -> None:
     # Given a generate message delivered to a consumer that never acknowledges it (a killed worker)
     app = make_app(WorkerSettings(redis_url=redis_url))
     task_id = app.send_task(GENERATE_TASK, args=["run-a", "batch-1"]).id
@@ -41,8 +41,9 @@ def test_a_delivered_unacknowledged_message_is_dropped_by_its_task_id(redis_url:
         message = queue.get(block=True, timeout=RECEIVE_TIMEOUT_S)
         assert message.headers["id"] == task_id
         assert client.hlen(KOMBU_UNACKED_KEY) == 1
-        # When its batch is dispatched again and the old copy dropped by task id
-        assert drop_unacked_of_tasks(client, [task_id]) == 1
+        # When its batch is dispatched again and the old copy dropped (another batch's is left alone)
+        assert drop_unacked_of_batches(client, "run-a", ["batch-9"]) == 0
+        assert drop_unacked_of_batches(client, "run-a", ["batch-1"]) == 1
         # Then kombu holds it no longer (nothing to restore after the visibility timeout)
         assert (client.hlen(KOMBU_UNACKED_KEY), client.zcard(KOMBU_UNACKED_INDEX_KEY)) == (0, 0)
         queue.close()
