@@ -12,13 +12,12 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
-
 from inference.client import SGLangClient
 from inference.records import Origin
 from workers.generation import GenerationEngine, RetryPolicy
 from workers.leases import LeaseKeeper
 from workers.ledger import gpu_label
+from workers.redis_client import connect
 from workers.runs import RunSettings, load_run_settings
 from workers.settings import WorkerSettings
 from workers.storage import ObjectStore, open_store
@@ -32,7 +31,7 @@ T = TypeVar("T")
 class WorkerContext:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis_url)
+        self.redis = connect(settings.redis_url)
         self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
         self.stopping = threading.Event()  # set on SIGTERM: take no new batch, hand held ones back
         self._lock = threading.Lock()
