@@ -75,6 +75,22 @@ class ReconcileReport:
         return bool(self.expired_leases or self.stranded)
 
 
+class _WaitingQueue:
+    """The generate queue's batches, read at most once per pass, and only when a pass needs them."""
+
+    def __init__(self, client: redis.Redis, max_messages: int) -> None:
+        self._client = client
+        self._max_messages = max_messages
+        self._read = False
+        self._batches: set[tuple[str, str]] | None = None
+
+    def batches(self) -> set[tuple[str, str]] | None:
+        if not self._read:
+            self._batches = waiting_generate_batches(self._client, max_messages=self._max_messages)
+            self._read = True
+        return self._batches
+
+
 class Reconciler:
     def __init__(self, client: redis.Redis, dispatch: Dispatcher, settings: ReconcileSettings) -> None:
         self._client = client
@@ -84,20 +100,10 @@ class Reconciler:
 
     def reconcile_all(self) -> ReconcileReport:
         report = ReconcileReport()
-        waiting: set[tuple[str, str]] | None = None
-        waiting_read = False
+        waiting = _WaitingQueue(self._client, self._settings.max_scanned_messages)
         for raw in sorted(self._client.smembers(RUNS_KEY)):
             run = raw.decode()
-            report.add(self._take_back_expired(run))
-            candidates = self._stranded_candidates(run)
-            if candidates and not waiting_read:
-                waiting = waiting_generate_batches(
-                    self._client, max_messages=self._settings.max_scanned_messages
-                )
-                waiting_read = True
-                report.queue_scanned = waiting is not None
-            if candidates and waiting is not None:
-                report.stranded += self._redispatch(run, [b for b in candidates if (run, b) not in waiting])
+            report.add(self._reconcile(run, waiting))
             report.flushes += self._flush_if_due(run)
         if report.acted:
             log.warning("reconciled: %s", report)
@@ -107,13 +113,16 @@ class Reconciler:
 
     def reconcile_run(self, run: str) -> ReconcileReport:
         """One run only (used by `enqueue` when re-run: whatever it left stranded goes back now)."""
+        return self._reconcile(run, _WaitingQueue(self._client, self._settings.max_scanned_messages))
+
+    def _reconcile(self, run: str, waiting: _WaitingQueue) -> ReconcileReport:
         report = self._take_back_expired(run)
         candidates = self._stranded_candidates(run)
         if candidates:
-            waiting = waiting_generate_batches(self._client, max_messages=self._settings.max_scanned_messages)
-            report.queue_scanned = waiting is not None
-            if waiting is not None:
-                report.stranded = self._redispatch(run, [b for b in candidates if (run, b) not in waiting])
+            queued = waiting.batches()
+            report.queue_scanned = queued is not None
+            if queued is not None:
+                report.stranded = self._redispatch(run, [b for b in candidates if (run, b) not in queued])
         return report
 
     def _take_back_expired(self, run: str) -> ReconcileReport:
