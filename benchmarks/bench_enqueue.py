@@ -71,7 +71,7 @@ def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
         "--run",
         run,
         "--output",
-        str(data.parent / "out"),
+        str(data.parent / "out" / run),  # an output belongs to one run
     ]
     if Path(TIME_BIN).exists():
         command = [TIME_BIN, "-v", *command]
