@@ -55,10 +55,10 @@ def _nothing(batch_id: str, note: str) -> BatchReport:
     return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0, note=note)
 
 
-def handle_generate(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> BatchReport:
+def handle_generate(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
     """The whole of one generate message, errors mapped: RetryLater, RunBroken, or a report."""
     try:
-        return process_batch(ctx, run, batch_id, task_id)
+        return process_batch(ctx, run, batch_id)
     except (RetryLater, RunBroken):
         raise
     except redis.RedisError as error:  # the coordination point is away: not the batch's fault
@@ -79,7 +79,7 @@ def _count_failure(ctx: WorkerContext, run: str, batch_id: str, error: Exception
     raise RetryLater(f"{type(error).__name__}: {error}", delay_s=UNEXPECTED_ERROR_RETRY_S) from error
 
 
-def process_batch(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> BatchReport:
+def process_batch(ctx: WorkerContext, run: str, batch_id: str) -> BatchReport:
     """Generate what the batch still needs under its lease."""
     if ctx.stopping.is_set():
         raise RetryLater("worker shutting down", delay_s=HAND_BACK_NOW_S)
@@ -94,7 +94,7 @@ def process_batch(ctx: WorkerContext, run: str, batch_id: str, task_id: str) -> 
             f"run {run!r} has {MAX_STAGED_PER_RUN}+ completions awaiting upload", delay_s=BACKLOG_RETRY_S
         )
     ctx.run_settings(run)  # an unknown run is refused before anything is leased
-    acquired, lease = ctx.leases.acquire(run, batch_id, task_id)
+    acquired, lease = ctx.leases.acquire(run, batch_id)
     if acquired is Acquired.FINISHED:
         log.info("batch %s of run %s: already finished", batch_id, run)
         return _nothing(batch_id, "already finished")

@@ -71,7 +71,7 @@ class RunKeys:
 
     @property
     def lease_owners(self) -> str:
-        """Hash batch id -> lease holder (JSON: owner token, worker label, Celery task id)."""
+        """Hash batch id -> lease holder (JSON: owner token, worker label)."""
         return self._key("lease_owners")
 
     @property

@@ -50,11 +50,10 @@ class Acquired(enum.StrEnum):
 
 
 class LeaseHolder(Record, frozen=True):
-    """Who holds a lease: the execution's token, the worker, and the Celery task id of its message."""
+    """Who holds a lease: the execution's token, and the worker it runs in (for the logs)."""
 
     owner: str
     worker: str
-    task_id: str
 
 
 def decode_holder(raw: bytes | str) -> LeaseHolder | None:
@@ -101,9 +100,9 @@ class LeaseKeeper:
 
     # ------------------------------------------------------------------ one batch
 
-    def acquire(self, run: str, batch_id: str, task_id: str) -> tuple[Acquired, Lease]:
+    def acquire(self, run: str, batch_id: str) -> tuple[Acquired, Lease]:
         keys = RunKeys(run)
-        holder = LeaseHolder(owner=uuid.uuid4().hex, worker=self._worker, task_id=task_id)
+        holder = LeaseHolder(owner=uuid.uuid4().hex, worker=self._worker)
         lease = Lease(run, batch_id, holder)
         started = self._clock()
         result = self._scripts.acquire_lease(

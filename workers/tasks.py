@@ -39,7 +39,7 @@ def register_tasks(app: Celery, contexts: ContextHolder) -> None:
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None, shared=False)
     def generate(self: Task, run: str, batch_id: str) -> dict[str, Any]:
         try:
-            report = handle_generate(contexts.get(), run, batch_id, self.request.id)
+            report = handle_generate(contexts.get(), run, batch_id)
         except RetryLater as error:
             log.warning("batch %s of run %s: %s; retrying in %.0f s", batch_id, run, error, error.delay_s)
             raise self.retry(countdown=error.delay_s) from error

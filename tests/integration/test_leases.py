@@ -78,8 +78,8 @@ def test_a_second_delivery_of_a_leased_batch_is_sent_away_while_the_first_holds_
     (batch,) = enqueue_batches(redis_client, 1)
     first = LeaseKeeper(redis_client, worker="gpu0", ttl_s=LONG_S)
     second = LeaseKeeper(redis_client, worker="gpu1", ttl_s=LONG_S)
-    assert first.acquire(RUN, batch, "task-1")[0] is Acquired.ACQUIRED
-    assert second.acquire(RUN, batch, "task-2")[0] is Acquired.HELD
+    assert first.acquire(RUN, batch)[0] is Acquired.ACQUIRED
+    assert second.acquire(RUN, batch)[0] is Acquired.HELD
 
 
 def test_a_lease_nobody_renews_is_taken_back_and_its_batch_dispatched_again(
@@ -87,14 +87,14 @@ def test_a_lease_nobody_renews_is_taken_back_and_its_batch_dispatched_again(
 ) -> None:
     # Given a batch leased by a worker that then died (it renews nothing)
     (batch,) = enqueue_batches(redis_client, 1)
-    LeaseKeeper(redis_client, worker="dead-gpu", ttl_s=NO_TIME_S).acquire(RUN, batch, "task-1")
+    LeaseKeeper(redis_client, worker="dead-gpu", ttl_s=NO_TIME_S).acquire(RUN, batch)
     dispatcher = RecordingDispatcher()
     # When the reconciler passes
     report = reconciler(redis_client, dispatcher).reconcile_all()
     # Then the batch is dispatched again, once, and a new delivery can lease it
     assert (report.expired_leases, dispatcher.generated) == (1, [(RUN, batch)])
     assert reconciler(redis_client, dispatcher).reconcile_all().expired_leases == 0
-    assert LeaseKeeper(redis_client, worker="gpu1").acquire(RUN, batch, "task-2")[0] is Acquired.ACQUIRED
+    assert LeaseKeeper(redis_client, worker="gpu1").acquire(RUN, batch)[0] is Acquired.ACQUIRED
 
 
 def test_a_live_lease_is_never_taken_back_however_long_its_batch_runs(
@@ -102,7 +102,7 @@ def test_a_live_lease_is_never_taken_back_however_long_its_batch_runs(
 ) -> None:
     (batch,) = enqueue_batches(redis_client, 1)
     keeper = LeaseKeeper(redis_client, worker="gpu0", ttl_s=LONG_S)
-    _, lease = keeper.acquire(RUN, batch, "task-1")
+    _, lease = keeper.acquire(RUN, batch)
     dispatcher = RecordingDispatcher()
     for _ in range(3):
         keeper.renew()
@@ -117,9 +117,9 @@ def test_a_holder_that_froze_past_its_lease_learns_another_took_over_and_stops_s
     # Given a worker whose lease ran out while it was stopped, and another worker that took the batch
     (batch,) = enqueue_batches(redis_client, 1)
     frozen = LeaseKeeper(redis_client, worker="gpu0", ttl_s=NO_TIME_S)
-    _, old = frozen.acquire(RUN, batch, "task-1")
+    _, old = frozen.acquire(RUN, batch)
     reconciler(redis_client, RecordingDispatcher()).reconcile_all()
-    assert LeaseKeeper(redis_client, worker="gpu1", ttl_s=LONG_S).acquire(RUN, batch, "task-2")[0] is (
+    assert LeaseKeeper(redis_client, worker="gpu1", ttl_s=LONG_S).acquire(RUN, batch)[0] is (
         Acquired.ACQUIRED
     )
     # When the frozen worker wakes, it already sends nothing (its own clock says the lease ran out),
@@ -134,7 +134,7 @@ def test_a_renewal_takes_back_a_lease_that_ran_out_when_nobody_else_took_it(
 ) -> None:
     (batch,) = enqueue_batches(redis_client, 1)
     keeper = LeaseKeeper(redis_client, worker="gpu0", ttl_s=NO_TIME_S)
-    _, lease = keeper.acquire(RUN, batch, "task-1")
+    _, lease = keeper.acquire(RUN, batch)
     assert keeper.renew() == []
     holder = decode_holder(redis_client.hget(RunKeys(RUN).lease_owners, batch))
     assert holder is not None and holder.owner == lease.holder.owner
@@ -150,14 +150,14 @@ def test_a_batch_handed_back_while_redis_was_away_is_free_for_its_retry_once_red
     try:
         (batch,) = enqueue_batches(client, 1)
         keeper = LeaseKeeper(client, worker="gpu0", ttl_s=LONG_S)
-        _, lease = keeper.acquire(RUN, batch, "task-1")
+        _, lease = keeper.acquire(RUN, batch)
         server.stop()
         # When the worker hands it back while Redis is away, and Redis comes back
         keeper.release_soon(lease, delay_s=NO_TIME_S)
         server = start_redis(port, tmp_path / "data", log_dir / "restarted")
         keeper.renew()
         # Then the batch's retry can lease it at once, without waiting for the lease to run out
-        assert LeaseKeeper(client, worker="gpu0").acquire(RUN, batch, "task-1")[0] is Acquired.ACQUIRED
+        assert LeaseKeeper(client, worker="gpu0").acquire(RUN, batch)[0] is Acquired.ACQUIRED
     finally:
         client.close()
         server.stop()
@@ -192,7 +192,7 @@ def test_staged_completions_get_a_flush_once_nothing_is_left_to_generate(
     (batch,) = enqueue_batches(redis_client, 1)
     RunLedger(redis_client, RUN).stage(completion("p0"))
     keeper = LeaseKeeper(redis_client, worker="gpu0")
-    _, lease = keeper.acquire(RUN, batch, "task-1")
+    _, lease = keeper.acquire(RUN, batch)
     keeper.finish(lease)
     dispatcher = RecordingDispatcher()
     # When the reconciler passes, then it asks the uploader to flush the run
