@@ -48,6 +48,8 @@ class ChatResult:
     spec_accept_length: float | None
     started_at: float
     finished_at: float
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
 
 
 def build_request(messages: list[Message], sampling: SamplingSettings, rid: str) -> dict[str, Any]:
@@ -65,6 +67,9 @@ def build_request(messages: list[Message], sampling: SamplingSettings, rid: str)
             "separate_reasoning": True,
             "rid": rid,
             "return_spec_tokens_details": True,
+            # SGLang 0.5.23: each choice gets `prompt_token_ids` and `response_token_ids`, the exact
+            # ids a drafter trains on (older servers ignore the field and return neither).
+            "return_token_ids": True,
         },
     }
     if sampling.seed is not None:
@@ -99,6 +104,13 @@ def _spec_accept_length(response: Any) -> float | None:
         details = details[0] if details else None
     if isinstance(details, dict) and details.get("spec_accept_length") is not None:
         return float(details["spec_accept_length"])
+    return None
+
+
+def _token_ids(choice: Any, name: str) -> list[int] | None:
+    ids = _extra(choice, name)
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return ids
     return None
 
 
@@ -155,6 +167,8 @@ class SGLangClient:
             spec_accept_length=_spec_accept_length(response),
             started_at=started_at,
             finished_at=time.time(),
+            prompt_token_ids=_token_ids(choice, "prompt_token_ids"),
+            response_token_ids=_token_ids(choice, "response_token_ids"),
         )
 
     async def context_length(self) -> int | None:

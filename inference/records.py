@@ -65,11 +65,13 @@ class Timings(Record, frozen=True):
 
 
 class Origin(Record, frozen=True):
-    """Where a completion was generated."""
+    """Where a completion was generated. `server` names the server's facts (version, model path,
+    speculative settings, context length) recorded once per server in the output's `servers/`."""
 
     host: str
     gpu: int | None
     server_url: str
+    server: str | None = None
 
 
 class Completion(Record, frozen=True):
@@ -87,6 +89,11 @@ class Completion(Record, frozen=True):
     quality: Quality
     spec_accept_length: float | None = None
     budget_retries: int = 0  # times the budget was doubled after thinking was cut off
+    # The exact ids the server tokenized and sampled (SGLang's `return_token_ids`): the chat template
+    # applied to the prompt, then every generated token, thinking and `</think>` and EOS included.
+    # None when the server does not return them (SGLang before 0.5.23).
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
 
 
 class DeadLetterReason(enum.StrEnum):

@@ -28,7 +28,12 @@ from workers.storage import UnsupportedStoreUrl, normalise_output_url, open_stor
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
-COMMAND_MODULES: tuple[str, ...] = ("producer.demo", "producer.report_cli", "producer.status_cli")
+COMMAND_MODULES: tuple[str, ...] = (
+    "producer.demo",
+    "producer.export_cli",
+    "producer.report_cli",
+    "producer.status_cli",
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -30,6 +30,7 @@ from workers.stats_fields import (
     DEAD_PREFIX,
     FINISH_PREFIX,
     FIRST_COMPLETION_AT,
+    TOKEN_IDS_MISSING,
     quality_field,
 )
 
@@ -414,6 +415,18 @@ def stranded_warning(progress: Progress, queues: Sequence[QueueDepth], *, paused
     )
 
 
+def token_ids_warning(counters: Mapping[str, int]) -> str | None:
+    """Completions staged without their token ids: said once, with what it costs the export."""
+    missing = counters.get(TOKEN_IDS_MISSING, 0)
+    if not missing:
+        return None
+    return (
+        f"{missing:,} of {counters.get(COMPLETIONS, 0):,} completions came without token ids: their server "
+        "does not return them (SGLang older than 0.5.23). Their rows keep text only: `export --format "
+        "speculators` cannot use them, and their loss tokens are estimated from usage"
+    )
+
+
 def make_progress(*, enqueued: int, committed: int, staged: int, dead: int, rejected: int) -> Progress:
     return Progress(
         enqueued=enqueued,
@@ -548,5 +561,5 @@ def gather_status(
             if paused is not None
             else None
         ),
-        warnings=[stranded] if stranded else [],
+        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning],
     )

@@ -126,6 +126,8 @@ def _generate_leased(ctx: WorkerContext, ledger: RunLedger, lease: Lease) -> Bat
     pending = ledger.pending(batch.prompts)
     settings = ctx.run_settings(run)
     truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
+    if pending:
+        ctx.engine.origin = ctx.server_record.refresh()
     outcome = ctx.engine.run_batch(
         run, pending, settings.sampling, ledger, truncation, still_held=lambda: ctx.leases.held(lease)
     )
@@ -166,9 +168,7 @@ def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -
         return 0
     batch = decode_blob(blob, PromptBatch)
     letters = [
-        DeadLetter(
-            prompt_id=p.id, row=p.row, reason=DeadLetterReason.BATCH_FAILED, error=error, attempts=0
-        )
+        DeadLetter(prompt_id=p.id, row=p.row, reason=DeadLetterReason.BATCH_FAILED, error=error, attempts=0)
         for p in ledger.pending(batch.prompts)
     ]
     count = sum(ledger.dead_letter(letter) for letter in letters)

@@ -14,11 +14,13 @@ from typing import TypeVar
 
 from inference.client import SGLangClient
 from inference.records import Origin
+from inference.server_probe import ServerProbe
 from workers.generation import GenerationEngine, RetryPolicy
 from workers.leases import LeaseKeeper
 from workers.ledger import gpu_label
 from workers.redis_client import connect
 from workers.runs import RunSettings, load_run_settings
+from workers.server_record import ServerRecord
 from workers.settings import WorkerSettings
 from workers.storage import ObjectStore, open_store
 from workers.uploader import Uploader
@@ -40,6 +42,7 @@ class WorkerContext:
         self._engine: GenerationEngine | None = None
         self._leases: LeaseKeeper | None = None
         self._uploader: Uploader | None = None
+        self._server_record: ServerRecord | None = None
 
     def _once(self, name: str, build: Callable[[], T]) -> T:
         with self._lock:
@@ -78,6 +81,14 @@ class WorkerContext:
                 ttl_s=settings.lease_ttl_s,
                 renew_s=settings.lease_renew_s,
             ).start(),
+        )
+
+    @property
+    def server_record(self) -> ServerRecord:
+        settings = self.settings
+        return self._once(
+            "_server_record",
+            lambda: ServerRecord(self.redis, ServerProbe(settings.server_url, settings.api_key), self.origin),
         )
 
     @property

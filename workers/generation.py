@@ -143,6 +143,8 @@ def build_completion(
         ),
         spec_accept_length=result.spec_accept_length,
         budget_retries=budget_retries,
+        prompt_token_ids=result.prompt_token_ids,
+        response_token_ids=result.response_token_ids,
     )
 
 
@@ -174,7 +176,7 @@ class GenerationEngine:
         deadlines: DeadlinePolicy | None = None,
     ) -> None:
         self._retry = retry
-        self._origin = origin
+        self.origin = origin  # the worker names the server's facts in it once it has read them
         self._deadlines = RequestDeadlines(deadlines or DeadlinePolicy())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
@@ -376,7 +378,7 @@ class GenerationEngine:
                         )
                     )
                 continue
-            return build_completion(prompt, result, sampling, self._origin, attempt, budget_retries)
+            return build_completion(prompt, result, sampling, self.origin, attempt, budget_retries)
         assert last_error is not None
         if budget_retries:
             raise last_error  # a budget retry that got no answer: the caller keeps the completion it had

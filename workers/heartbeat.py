@@ -8,19 +8,16 @@ Token rates are not here: they come from the runs' completion event streams.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
 import redis
 
-from inference.metrics_reader import parse_metrics
 from inference.records import Record
+from inference.server_probe import HEALTH_TIMEOUT_S, INFO_TIMEOUT_S, ServerProbe
 from workers.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
 from workers.periodic import PeriodicThread
 
@@ -28,8 +25,6 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
-HEALTH_TIMEOUT_S = 3.0  # SGLang's /health runs a real one-token generation: slower under load
-INFO_TIMEOUT_S = 2.0
 # One beat takes at most the interval plus every probe's timeout, which stays well inside the TTL.
 assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_TTL_S
 
@@ -62,58 +57,6 @@ def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
         return msgspec.json.decode(raw, type=WorkerHeartbeat)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-
-
-def accept_length_from_server_info(info: object) -> float | None:
-    """`internal_states[0].avg_spec_accept_length` of SGLang's /server_info, when present."""
-    if not isinstance(info, dict):
-        return None
-    states = info.get("internal_states")
-    if not isinstance(states, list) or not states or not isinstance(states[0], dict):
-        return None
-    value = states[0].get("avg_spec_accept_length")
-    return float(value) if isinstance(value, int | float) else None
-
-
-@dataclass(frozen=True)
-class ServerProbe:
-    """Asks an SGLang server (or the simulator) for its health and speculative accept length."""
-
-    server_url: str
-    api_key: str | None = None
-
-    def _get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        request = urllib.request.Request(self.server_url.rstrip("/") + path, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return int(response.status), response.read()
-        except urllib.error.HTTPError as error:
-            return int(error.code), b""
-
-    def health(self) -> int | None:
-        try:
-            return self._get("/health", HEALTH_TIMEOUT_S)[0]
-        except OSError:  # refused, reset, timed out
-            return None
-
-    def accept_length(self) -> float | None:
-        """From /server_info; else from /metrics (served only with --enable-metrics)."""
-        try:
-            status, body = self._get("/server_info", INFO_TIMEOUT_S)
-            if status == 200:
-                value = accept_length_from_server_info(json.loads(body))
-                if value is not None:
-                    return value
-            status, body = self._get("/metrics", INFO_TIMEOUT_S)
-        except (OSError, ValueError):
-            return None
-        if status != 200:
-            return None
-        try:
-            return parse_metrics(body.decode(errors="replace")).spec_accept_length
-        except ValueError:  # not Prometheus text
-            return None
 
 
 @dataclass(frozen=True)

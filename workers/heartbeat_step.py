@@ -10,8 +10,9 @@ from typing import Any
 
 from celery import bootsteps
 
+from inference.server_probe import ServerProbe
 from workers.context import WorkerContext
-from workers.heartbeat import EngineFigures, HeartbeatPublisher, ServerProbe, WorkerIdentity
+from workers.heartbeat import EngineFigures, HeartbeatPublisher, WorkerIdentity
 from workers.ledger import gpu_label
 from workers.queues import GENERATE_QUEUE
 

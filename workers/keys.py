@@ -8,6 +8,9 @@ from dataclasses import dataclass
 KEY_PREFIX = "draftgen"
 RUNS_KEY = f"{KEY_PREFIX}:runs"  # set of run names
 WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate worker's heartbeat (JSON, TTL)
+SERVERS_KEY = (
+    f"{KEY_PREFIX}:servers"  # hash: facts id -> a server's facts (JSON), see inference/server_facts.py
+)
 RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -15,7 +18,7 @@ class InvalidRunName(ValueError):
     """A run name must be a safe key and path segment."""
 
 
-RESERVED_RUN_NAMES = frozenset({"runs", "workers"})  # key prefixes of their own
+RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers"})  # key prefixes of their own
 
 
 def check_run_name(run: str) -> str:

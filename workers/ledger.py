@@ -23,6 +23,7 @@ from workers.stats_fields import (
     FIRST_COMPLETION_AT,
     PROMPT_TOKENS,
     REASONING_TOKENS,
+    TOKEN_IDS_MISSING,
     dead_field,
     finish_field,
     quality_field,
@@ -101,6 +102,7 @@ class RunLedger:
             REASONING_TOKENS,
             PROMPT_TOKENS,
             FIRST_COMPLETION_AT,
+            TOKEN_IDS_MISSING if completion.response_token_ids is None else "",
         ]
         return bool(self._scripts.stage(keys=keys, args=args))
 

@@ -6,7 +6,9 @@ object of dead letters under `dead/`, or both. Readers trust only objects named 
 other object under `data/` or `dead/` is an orphan of an interrupted flush, removed by
 `python -m producer gc`.
 
-Beside them, written by `enqueue`: `run.json` (the pinned settings), `enqueued/` (the ids each enqueue
+Beside them, written by the uploader before the entry that needs it: `servers/<id>.json`, the facts
+of each server the part's rows name (see inference/server_facts.py). Written by `enqueue`:
+`run.json` (the pinned settings), `enqueued/` (the ids each enqueue
 step claimed) and `rejected/` (the rows it refused). Their keys derive from their content, so a
 re-run writes the same objects again: each is complete the moment it exists, and needs no entry.
 """
@@ -25,6 +27,7 @@ DATA_PREFIX = "data/"
 DEAD_PREFIX = "dead/"
 ENQUEUED_PREFIX = "enqueued/"
 REJECTED_PREFIX = "rejected/"
+SERVERS_PREFIX = "servers/"
 SETTINGS_KEY = "run.json"
 CHECKSUM_PREFIX_CHARS = 16
 
@@ -55,13 +58,17 @@ def data_key(part: int, sha256: str) -> str:
     return f"{DATA_PREFIX}part-{part:06d}-{sha256[:CHECKSUM_PREFIX_CHARS]}.parquet"
 
 
+def server_key(facts_id: str) -> str:
+    return f"{SERVERS_PREFIX}{facts_id}.json"
+
+
 def dead_key(part: int, sha256: str) -> str:
     return f"{DEAD_PREFIX}part-{part:06d}-{sha256[:CHECKSUM_PREFIX_CHARS]}.jsonl"
 
 
 def content_key(prefix: str, data: bytes, suffix: str) -> str:
     """A key that names its content: writing the same content again writes the same object."""
-    return f"{prefix}{hashlib.sha256(data).hexdigest()[:CHECKSUM_PREFIX_CHARS * 2]}{suffix}"
+    return f"{prefix}{hashlib.sha256(data).hexdigest()[: CHECKSUM_PREFIX_CHARS * 2]}{suffix}"
 
 
 def encode_entry(entry: ManifestEntry) -> bytes:

@@ -56,10 +56,23 @@ COMPLETION_SCHEMA = pa.schema(
                 ]
             ),
         ),
-        ("origin", pa.struct([("host", pa.string()), ("gpu", pa.int64()), ("server_url", pa.string())])),
+        (
+            "origin",
+            pa.struct(
+                [
+                    ("host", pa.string()),
+                    ("gpu", pa.int64()),
+                    ("server_url", pa.string()),
+                    ("server", pa.string()),
+                ]
+            ),
+        ),
         ("attempt", pa.int64()),
         ("spec_accept_length", pa.float64()),
         ("budget_retries", pa.int64()),
+        # Token ids fit int32 (vocabularies hold under 2**31 entries); null when the server gave none.
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("response_token_ids", pa.list_(pa.int32())),
     ]
 )
 

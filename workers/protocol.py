@@ -63,7 +63,8 @@ return 1
 # from Redis's own clock, so the staged order is the order of hand-over across all hosts.
 # KEYS: done, dead, staged, staged_index, staged_bytes, stats, events.
 # ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
-# events kept, then the stats field names: completions, the three token totals, first completion.
+# events kept, then the stats field names: completions, the three token totals, first completion, and
+# the missing-token-ids counter (empty when the completion has its ids).
 STAGE = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   return 0
@@ -79,6 +80,7 @@ redis.call('HINCRBY', KEYS[6], ARGV[11], ARGV[5])
 redis.call('HINCRBY', KEYS[6], ARGV[12], ARGV[6])
 redis.call('HINCRBY', KEYS[6], ARGV[13], ARGV[7])
 redis.call('HSETNX', KEYS[6], ARGV[14], now[1])
+if ARGV[15] ~= '' then redis.call('HINCRBY', KEYS[6], ARGV[15], 1) end
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu', ARGV[8])
 return 1
 """

@@ -1,7 +1,8 @@
 """The vocabulary of a run's `stats` hash: written by the ledger's scripts, read by the gate, status, metrics.
 
 Counters over staged completions: `completions`, the token totals, `quality:<label>`, `finish:<reason>`;
-over dead letters: `dead:<reason>`; and `first_completion_at` (Redis clock, seconds).
+over dead letters: `dead:<reason>`; `first_completion_at` (Redis clock, seconds); and
+`token_ids_missing`, completions that came without their token ids (a server older than SGLang 0.5.23).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ COMPLETION_TOKENS = "completion_tokens"
 REASONING_TOKENS = "reasoning_tokens"
 PROMPT_TOKENS = "prompt_tokens"
 FIRST_COMPLETION_AT = "first_completion_at"
+TOKEN_IDS_MISSING = "token_ids_missing"  # completions whose server returned no token ids
 QUALITY_PREFIX = "quality:"
 FINISH_PREFIX = "finish:"
 DEAD_PREFIX = "dead:"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import boto3
+import boto3.exceptions
 import botocore.exceptions
 from botocore.config import Config
 
@@ -49,6 +51,7 @@ class ObjectStore(Protocol):
     url: str
 
     def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path) -> None: ...
     def put_if_absent(self, key: str, data: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
@@ -75,6 +78,17 @@ class FolderStore:
 
     def put(self, key: str, data: bytes) -> None:
         os.replace(self._write_temp(key, data), self._path(key))
+
+    def put_file(self, key: str, path: Path) -> None:
+        """The file's content under `key`, appearing whole or not at all."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as handle, path.open("rb") as source:
+            shutil.copyfileobj(source, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         temp = self._write_temp(key, data)
@@ -138,6 +152,15 @@ class S3Store:
 
     def put(self, key: str, data: bytes) -> None:
         self._call("put_object", Key=self._full(key), Body=data)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A large file, uploaded in parts by boto3's transfer manager; S3 shows it whole or not at all."""
+        try:
+            self._s3.upload_file(str(path), self.bucket, self._full(key))
+        except (boto3.exceptions.S3UploadFailedError, botocore.exceptions.BotoCoreError) as error:
+            raise StoreUnavailable(
+                f"S3 upload of {key} to {self.url} failed: {error}", delay_s=STORE_RETRY_DELAY_S
+            ) from error
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         try:

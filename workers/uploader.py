@@ -23,6 +23,7 @@ from inference.records import Completion, DeadLetter
 from workers.codec import decode_blob
 from workers.errors import RetryLater, RunBroken, UploadLockLost
 from workers.jsonl_io import from_jsonl, to_jsonl
+from workers.keys import SERVERS_KEY
 from workers.ledger import RunLedger
 from workers.manifest import (
     ManifestEntry,
@@ -32,6 +33,7 @@ from workers.manifest import (
     decode_entry,
     encode_entry,
     manifest_key,
+    server_key,
 )
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
 from workers.protocol import Scripts
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 LOCK_BUSY_RETRY_S = 5.0
 MS_PER_S = 1000
+
 
 @dataclass
 class FlushReport:
@@ -67,6 +70,7 @@ class Uploader:
         self.settings = settings
         self.store_for_run = store_for_run
         self._scripts = Scripts.register(client)
+        self._servers_written: set[tuple[str, str]] = set()  # (output URL, facts id)
 
     def flush(self, run: str) -> FlushReport:
         """Commit every part that is due. Raises RetryLater when another flush holds the run."""
@@ -149,6 +153,7 @@ class Uploader:
         )
         if selection.blobs:
             completions = [decode_blob(blob, Completion) for blob in selection.blobs]
+            self._write_server_facts(store, completions)
             data = completions_to_parquet(completions)
             checksum = hashlib.sha256(data).hexdigest()
             store.put(data_key(part, checksum), data)
@@ -202,6 +207,17 @@ class Uploader:
             entry.bytes,
             entry.key,
         )
+
+    def _write_server_facts(self, store: ObjectStore, completions: list[Completion]) -> None:
+        """Each server the rows name gets its facts in the output once, before any entry points at them."""
+        named = {c.origin.server for c in completions if c.origin.server is not None}
+        for identity in sorted(named - {i for url, i in self._servers_written if url == store.url}):
+            facts = self.client.hget(SERVERS_KEY, identity)
+            if facts is None:
+                log.warning("server facts %s are not in Redis: rows naming them keep the id only", identity)
+                continue
+            store.put_if_absent(server_key(identity), facts)
+            self._servers_written.add((store.url, identity))
 
 
 def ids_in_part(store: ObjectStore, entry: ManifestEntry) -> tuple[list[str], list[str]]:

@@ -94,7 +94,8 @@ class Engine:
         self.gen_throughput = 0.0
         self.accept_length = 0.0
         self.total_verifies = 0
-        self.total_decode_tokens = 0
+        self.total_decode_tokens = 0  # every token but each request's first, which prefill produces
+        self.total_prefill_tokens = 0
 
     # ----- time -----
     def model_now(self) -> float:
@@ -158,8 +159,17 @@ class Engine:
         self._waiting.append(request)
         self._wake.set()
 
+    def catch_up(self) -> None:
+        """Commit every step that has ended by now, as a GPU scheduler would have run it.
+
+        The engine sleeps between events (a request's end, a prefill's end, a stream chunk), so without
+        this a long non-streaming request shows no progress until it ends."""
+        self._advance(self.model_now())
+        self._wake.set()  # the run loop recomputes its next wake-up from the new state
+
     def abort(self, request: SimRequest) -> None:
         """Stop a request where it is (client gone, /abort_request); its tokens so far are kept."""
+        self.catch_up()
         if request.phase is Phase.FINISHED:
             return
         if request.phase is Phase.WAITING:
@@ -271,6 +281,7 @@ class Engine:
             self._running.add(request)
             heapq.heappush(self._heap, (request.finish_step, next(self._sequence), request))
             request.progress.set()
+        self.total_prefill_tokens += new_tokens
         throughput = new_tokens / duration_s * self._settings.speedup if duration_s > 0 else 0.0
         if self._log.due("prefill"):
             self._log.prefill(

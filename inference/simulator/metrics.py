@@ -1,8 +1,13 @@
 """`/metrics` with SGLang's metric names, types and labels (`observability/metrics_collector.py`).
 
 Gauges are read from the engine at scrape time, so they show the state at that moment. Counters and
-histograms are updated when a request finishes, as SGLang's tokenizer manager does. Latencies are
-wall seconds (what a client observes at the current speedup).
+histograms are updated when a request finishes, as SGLang's tokenizer manager does, except
+`sglang:realtime_tokens_total`: SGLang's scheduler adds to it on every forward pass
+(`scheduler_components/metrics_reporter.py`: `report_decode_stats` every decode iteration with the
+tokens it generated, `report_prefill_stats` every prefill batch with its new and cached tokens), so it
+moves while requests run. Its series appear with their first non-zero increment; `prefill_cache` never
+does here, as the simulator has no prefix-cache hits. Latencies are wall seconds (what a client observes
+at the current speedup).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from inference.simulator.engine import Engine, SimRequest
@@ -105,6 +110,29 @@ class _SchedulerGauges(Collector):
         yield self._gauge("sglang:page_size", "The page size.", 1)
 
 
+class _RealtimeTokens(Collector):
+    """`sglang:realtime_tokens_total{mode}`, read from the engine's running totals when scraped."""
+
+    def __init__(self, settings: SimulatorSettings, engine: Engine) -> None:
+        self._engine = engine
+        self._labels = [settings.model_name, ENGINE_TYPE, "0", "0", "0"]
+
+    def collect(self) -> Iterator[Metric]:
+        counter = CounterMetricFamily(
+            "sglang:realtime_tokens",
+            "Total number of tokens processed (updated on each log interval). "
+            "mode: prefill_compute, prefill_cache, decode.",
+            labels=(*SCHEDULER_LABELS, "mode"),
+        )
+        for mode, tokens in (
+            ("prefill_compute", self._engine.total_prefill_tokens),
+            ("decode", self._engine.total_decode_tokens),
+        ):
+            if tokens:  # SGLang skips zero increments, so a series first shows with a non-zero value
+                counter.add_metric([*self._labels, mode], tokens)
+        yield counter
+
+
 class SimulatorMetrics:
     """A private registry (no global state) with SGLang's counters and histograms."""
 
@@ -166,6 +194,7 @@ class SimulatorMetrics:
             registry=registry,
         )
         registry.register(_SchedulerGauges(settings, engine))
+        registry.register(_RealtimeTokens(settings, engine))
 
     def observe_finished(self, request: SimRequest, prompt_tokens: int, completion_tokens: int) -> None:
         """Count a request that ended (finished or aborted), as SGLang does at the end of a request."""

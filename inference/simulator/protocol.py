@@ -51,6 +51,29 @@ RECORDED_FIELDS = (
     "response_format",
     "return_spec_tokens_details",
     "return_meta_info",
+    "return_token_ids",
+    "return_prompt_token_ids",
+    "return_input_ids_in_sglext",
+    "return_output_ids_in_sglext",
+)
+
+# With stream=true each is refused, in this order (`serving_chat.py` `_convert_to_internal_request`).
+STREAM_REFUSED_FLAGS = (
+    (
+        "return_prompt_token_ids",
+        "return_prompt_token_ids is not supported with streaming. "
+        "Please set stream=false when using return_prompt_token_ids=true.",
+    ),
+    (
+        "return_token_ids",
+        "return_token_ids is not supported with streaming on /v1/chat/completions. "
+        "Please set stream=false when using return_token_ids=true.",
+    ),
+    (
+        "return_meta_info",
+        "return_meta_info is not supported with streaming. "
+        "Please set stream=false when using return_meta_info=true.",
+    ),
 )
 
 
@@ -90,6 +113,8 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     return_meta_info: bool = False
     return_token_ids: bool = False
     return_prompt_token_ids: bool = False
+    return_input_ids_in_sglext: bool = False
+    return_output_ids_in_sglext: bool = False
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -135,6 +160,11 @@ def error_body(message: str, error_type: str, code: int) -> dict[str, Any]:
 def bad_request(message: str) -> RequestError:
     """A ValueError inside SGLang: 400 BadRequestError."""
     return RequestError(HTTPStatus.BAD_REQUEST, message, "BadRequestError")
+
+
+def conversion_error(message: str) -> RequestError:
+    """A ValueError while SGLang converts the request (`serving_base.handle_request`): type "BadRequest"."""
+    return RequestError(HTTPStatus.BAD_REQUEST, message, "BadRequest")
 
 
 def invalid_body(message: str) -> RequestError:
@@ -237,24 +267,21 @@ def validate_chat_request(settings: SimulatorSettings, request: ChatRequest) -> 
         raise bad_request("Messages cannot be empty.")
     if request.chat_template_kwargs and "chat_template" in request.chat_template_kwargs:
         raise bad_request(
-            "chat_template in chat_template_kwargs is not allowed unless the server is "
-            "started with --trust-request-chat-template."
+            "Request-supplied chat_template is not allowed. Start the server "
+            "with --trust-request-chat-template to permit it."
         )
-    if request.stream and (
-        request.return_meta_info or request.return_token_ids or request.return_prompt_token_ids
-    ):
-        raise bad_request(
-            "return_meta_info, return_token_ids and return_prompt_token_ids are not "
-            "supported with stream=True."
-        )
-    if request.n != 1:
-        raise bad_request(f"The simulator serves n=1 only, got n={request.n}.")
     max_new_tokens = request.max_new_tokens
     if max_new_tokens is not None and max_new_tokens > settings.context_length:
         raise bad_request(
             f"max_completion_tokens is too large: {max_new_tokens}."
             f"This model supports at most {settings.context_length} completion tokens."
         )
+    if request.stream:
+        for flag, message in STREAM_REFUSED_FLAGS:
+            if getattr(request, flag):
+                raise conversion_error(message)
+    if request.n != 1:
+        raise bad_request(f"The simulator serves n=1 only, got n={request.n}.")
     prompt_tokens = count_prompt_tokens(request.messages)
     too_long = context_error(settings, prompt_tokens, max_new_tokens)
     if too_long is not None:

@@ -1,7 +1,8 @@
-"""Response bodies: the chat completion, its SSE chunks, usage and `sglext.spec_tokens_details`.
+"""Response bodies: the chat completion, its SSE chunks, usage and `sglext`.
 
 Shapes of `serving_chat.py` / `protocol.py` in SGLang 0.5.23: `id` is the rid, `content` is never
-null, `reasoning_content` is null when empty, `usage.reasoning_tokens` is always present.
+null, `reasoning_content` is null when empty, `usage.reasoning_tokens` is always present, the choice
+keys `prompt_token_ids` / `response_token_ids` and the response key `sglext` are left out when None.
 """
 
 from __future__ import annotations
@@ -71,33 +72,38 @@ class ChatResult:
     finish_reason: str
     matched_stop: int | str | None
     usage: Usage
-    spec_details: dict[str, Any] | None
+    sglext: dict[str, Any] | None  # response level: spec_tokens_details, input_ids, output_ids
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
 
 
 def chat_completion_body(result: ChatResult) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": {
+            "role": "assistant",
+            "content": result.content,
+            "reasoning_content": result.reasoning_content,
+        },
+        "logprobs": None,
+        "finish_reason": result.finish_reason,
+        "matched_stop": result.matched_stop,
+    }
+    if result.prompt_token_ids is not None:
+        choice["prompt_token_ids"] = result.prompt_token_ids
+    if result.response_token_ids is not None:
+        choice["response_token_ids"] = result.response_token_ids
     body: dict[str, Any] = {
         "id": result.rid,
         "object": "chat.completion",
         "created": result.created,
         "model": result.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": result.content,
-                    "reasoning_content": result.reasoning_content,
-                },
-                "logprobs": None,
-                "finish_reason": result.finish_reason,
-                "matched_stop": result.matched_stop,
-            }
-        ],
+        "choices": [choice],
         "usage": result.usage.body(),
         "metadata": {"weight_version": WEIGHT_VERSION},
     }
-    if result.spec_details is not None:
-        body["sglext"] = {"spec_tokens_details": result.spec_details}
+    if result.sglext is not None:
+        body["sglext"] = result.sglext
     return body
 
 

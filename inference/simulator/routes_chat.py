@@ -37,10 +37,15 @@ from inference.simulator.responses import (
 )
 from inference.simulator.state import STATE, SimulatorState
 from inference.simulator.thinking import GenerationPlan, messages_hash, plan_generation, render_message
+from inference.simulator.token_ids import prompt_token_ids, response_token_ids
 
 INJECTED_500_MESSAGE = "Simulated fault: the engine raised an error."
 INJECTED_503_MESSAGE = "Simulated fault: the server is temporarily unavailable."
 SSE_DONE = b"data: [DONE]\n\n"
+# Header opt-ins equivalent to the body flags (`serving_chat.py` `_convert_to_internal_request`).
+RETURN_INPUT_IDS_HEADER = "x-sglext-return-input-ids"
+RETURN_OUTPUT_IDS_HEADER = "x-sglext-return-output-ids"
+HEADER_ON = "1"
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -88,6 +93,10 @@ class _ChatCall:
             )
             return json_response(error.body(), error.status)
         self.state.faults.on_chat_request()
+        if self.http.headers.get(RETURN_INPUT_IDS_HEADER) == HEADER_ON:
+            body.return_input_ids_in_sglext = True
+        if self.http.headers.get(RETURN_OUTPUT_IDS_HEADER) == HEADER_ON:
+            body.return_output_ids_in_sglext = True
         record = RequestRecord(
             rid=body.rid or uuid.uuid4().hex,
             messages_hash=messages_hash(body.messages),
@@ -180,11 +189,27 @@ class _ChatCall:
     ) -> ChatResult:
         produced = request.final_tokens
         reasoning, content = render_message(plan, produced)
-        details = (
-            spec_tokens_details(self.state.settings, produced, request.verify_count)
-            if body.return_spec_tokens_details
+        sglext: dict[str, Any] = {}
+        if body.return_spec_tokens_details:
+            details = spec_tokens_details(self.state.settings, produced, request.verify_count)
+            if details is not None:
+                sglext["spec_tokens_details"] = details
+        # return_prompt_token_ids alone gives the choice its prompt ids; return_token_ids gives both
+        in_choice = body.return_prompt_token_ids or body.return_token_ids
+        prompt_ids = (
+            prompt_token_ids(body.messages, plan.thinking_on)
+            if in_choice or body.return_input_ids_in_sglext
             else None
         )
+        response_ids = (
+            response_token_ids(plan, produced)
+            if body.return_token_ids or body.return_output_ids_in_sglext
+            else None
+        )
+        if body.return_input_ids_in_sglext:
+            sglext["input_ids"] = prompt_ids
+        if body.return_output_ids_in_sglext:
+            sglext["output_ids"] = [response_ids]
         return ChatResult(
             rid=record.rid,
             created=self.created,
@@ -194,7 +219,9 @@ class _ChatCall:
             finish_reason="abort" if request.aborted else plan.finish_reason,
             matched_stop=None if request.aborted else plan.matched_stop,
             usage=Usage(record.prompt_tokens, produced, plan.reasoning_tokens(produced)),
-            spec_details=details,
+            sglext=sglext or None,
+            prompt_token_ids=prompt_ids if in_choice else None,
+            response_token_ids=response_ids if body.return_token_ids else None,
         )
 
     async def _stream(
@@ -250,14 +277,8 @@ class _ChatCall:
                 )
             )
         )
-        if result.spec_details is not None:
-            await response.write(
-                _sse(
-                    empty_choices_chunk(
-                        rid, created, model, sglext={"spec_tokens_details": result.spec_details}
-                    )
-                )
-            )
+        if result.sglext is not None:
+            await response.write(_sse(empty_choices_chunk(rid, created, model, sglext=result.sglext)))
         if body.include_usage(self.state.settings):
             await response.write(_sse(empty_choices_chunk(rid, created, model, usage=result.usage.body())))
         await response.write(SSE_DONE)

@@ -157,9 +157,11 @@ async def server_info(http: web.Request) -> web.Response:
 
 
 async def metrics(http: web.Request) -> web.Response:
-    collected = http.app[STATE].metrics
+    state = http.app[STATE]
+    collected = state.metrics
     if collected is None:
         raise web.HTTPNotFound()
+    state.engine.catch_up()  # the counters and gauges as of now, not as of the engine's last wake-up
     return web.Response(body=collected.exposition(), content_type=PROMETHEUS_CONTENT_TYPE, charset="utf-8")
 
 

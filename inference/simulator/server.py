@@ -33,6 +33,9 @@ OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics", ADMIN_PREFIX)  # never ne
 SHUTDOWN_TIMEOUT_WALL_S = 0.5
 LISTEN_BACKLOG = 2048
 READY_MESSAGE = "The server is fired up and ready to roll!"
+# aiohttp answers 413 above 1 MiB by default; SGLang (uvicorn) has no body limit, so a long prompt must
+# reach the context-length check and get its 400. 1 GiB only guards against runaway uploads.
+MAX_REQUEST_BODY_BYTES = 1 << 30
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -69,7 +72,9 @@ def _make_middleware(settings: SimulatorSettings) -> Middleware:
 
 
 def build_app(state: SimulatorState) -> web.Application:
-    app = web.Application(middlewares=[_make_middleware(state.settings)])
+    app = web.Application(
+        middlewares=[_make_middleware(state.settings)], client_max_size=MAX_REQUEST_BODY_BYTES
+    )
     app[STATE] = state
     add_chat_routes(app)
     add_info_routes(app, enable_metrics=state.settings.enable_metrics)

@@ -6,6 +6,7 @@ Tokens are filler words. Every output token renders as one piece of text:
 - answer words (the first one after `</think>` starts with `"\\n\\n"`, the others with `" "`),
 - the EOS token `<|im_end|>` (id 151645), which renders as nothing.
 So `len(text.split())` counts the words; `completion_tokens` = words + 1 per `</think>` + 1 per EOS.
+Their ids, and the prompt's, are in `token_ids.py`.
 
 The chat template opens `<think>\\n` in the prompt when thinking is on (as Qwen3.5/3.6 templates do), so
 the output never starts with `<think>`. SGLang's qwen3 parser then gives reasoning `"w ... w\\n"` and
@@ -132,6 +133,7 @@ class GenerationPlan:
     answer_tokens: int
     stopped_inside_thinking: bool
     think_nothing: bool
+    stop_token_piece: str | None = None  # the last piece's text before a stop string trimmed it
 
     def reasoning_tokens(self, produced: int) -> int:
         if not (self.thinking_on and self.counts_reasoning):
@@ -152,22 +154,24 @@ class GenerationPlan:
         return reasoning, content
 
 
-def _content_words(content: Any) -> int:
+def content_words(content: Any) -> list[str]:
+    """The whitespace-separated words of a message content (a string or a list of text parts)."""
     if isinstance(content, str):
-        return len(content.split())
+        return content.split()
     if isinstance(content, list):
-        return sum(
-            len(part["text"].split())
+        return [
+            word
             for part in content
             if isinstance(part, Mapping) and isinstance(part.get("text"), str)
-        )
-    return 0
+            for word in part["text"].split()
+        ]
+    return []
 
 
 def count_prompt_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
     """Prompt tokens: one per whitespace-separated word of every content, plus the template's tokens."""
     return GENERATION_PROMPT_TOKENS + sum(
-        MESSAGE_OVERHEAD_TOKENS + _content_words(message.get("content")) for message in messages
+        MESSAGE_OVERHEAD_TOKENS + len(content_words(message.get("content"))) for message in messages
     )
 
 
@@ -332,8 +336,10 @@ def plan_generation(
     finish_reason = "stop"
     matched_stop: int | str | None = EOS_TOKEN_ID
     stop_match = _first_stop(pieces, stop)
+    stop_token_piece = None
     if stop_match is not None:
-        pieces = _cut_at_stop(pieces, stop_match, no_stop_trim)
+        cut = _cut_at_stop(pieces, stop_match, no_stop_trim)
+        stop_token_piece, pieces = pieces[len(cut) - 1], cut
         matched_stop = stop_match[2]
     elif cut_by_budget:
         finish_reason, matched_stop = "length", None
@@ -350,6 +356,7 @@ def plan_generation(
         answer_tokens=0 if thinking_on and stops_in_thinking else answer_words + 1,
         stopped_inside_thinking=thinking_on and stops_in_thinking,
         think_nothing=thinking_on and think_nothing,
+        stop_token_piece=stop_token_piece,
     )
 
 

@@ -6,6 +6,7 @@ Each test reads like what a user does: enqueue a dataset, let it run, verify the
 from __future__ import annotations
 
 import io
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,6 +106,35 @@ def test_a_few_hundred_prompts_run_end_to_end_in_each_format(
     assert {row["prompt_id"] for row in rows} == {f"{input_format}-{i}" for i in range(PROMPTS_PER_FORMAT)}
     assert all(row["reasoning_content"] and row["content"] for row in rows)
     assert {row["origin"]["gpu"] for row in rows} == {0, 1}  # type: ignore[index]
+
+
+def test_a_finished_run_carries_exact_token_ids_and_exports_for_both_trainers_from_redis_s_record(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a finished run
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_messages(r) for r in prompt_files.questions(60, "ids")]
+    )
+    stack.enqueue(data, "ids", "--output", str(tmp_path / "out"))
+    stack.wait_finished("ids")
+    # Then every row holds the server's ids, as many as its usage says, and names its server's facts
+    rows = committed_rows(stack, "ids")
+    assert all(len(row["prompt_token_ids"]) == row["usage"]["prompt_tokens"] for row in rows)  # type: ignore[arg-type, index]
+    assert all(len(row["response_token_ids"]) == row["usage"]["completion_tokens"] for row in rows)  # type: ignore[arg-type, index]
+    servers = {row["origin"]["server_url"]: row["origin"]["server"] for row in rows}  # type: ignore[index]
+    assert len(set(servers.values())) == len(stack.sims) == 2  # one record per server
+    for url, identity in servers.items():
+        facts = json.loads((tmp_path / "out" / "servers" / f"{identity}.json").read_text())
+        assert facts["server_url"] == url and facts["version"] == "0.5.23"
+        assert facts["context_length"] == CONTEXT_LENGTH
+    # And it exports for both trainers, the output found through Redis, the rows read by datasets
+    for fmt in ("speculators", "specforge"):
+        result = stack.producer("export", "--run", "ids", "--format", fmt, "--to", str(tmp_path / fmt))
+        assert result.returncode == 0, result.stdout + result.stderr
+        loaded = hf_datasets.load_dataset("json", data_dir=str(tmp_path / fmt / "data"), split="train")
+        ok = sum(row["quality"] == Quality.OK.value for row in rows)
+        assert loaded.num_rows == ok > 0
+    assert "without token ids" not in stack.producer("status", "--run", "ids").stdout
 
 
 def test_the_configured_sampling_fields_arrive_at_the_server(stack: Stack, tmp_path: Path) -> None:

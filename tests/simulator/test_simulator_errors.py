@@ -14,6 +14,7 @@ from tests.simulator.conftest import make_client, user
 from tests.simulator.test_simulator_scheduler import poll_until, running_and_queued, send_in_background
 
 SMALL_CONTEXT_TOKENS = 64
+AIOHTTP_DEFAULT_BODY_LIMIT_BYTES = 1024**2
 
 
 @pytest.mark.parametrize(
@@ -72,6 +73,20 @@ def test_a_prompt_longer_than_the_context_is_rejected_counting_the_reserved_toke
     assert expected is not None and expected.startswith("The input (")
     assert isinstance(caught.value.body, dict) and caught.value.body["message"] == expected
     assert caught.value.body["type"] == "BadRequestError"
+
+
+def test_a_prompt_of_several_megabytes_gets_the_context_length_400_not_a_413(
+    client: openai.OpenAI, fast_settings: SimulatorSettings
+) -> None:
+    # Given a prompt about twice the size of aiohttp's default body limit, far past the context
+    messages = user("word " * (2 * AIOHTTP_DEFAULT_BODY_LIMIT_BYTES // len("word ")))
+    expected = predict_outcome(fast_settings, messages).context_error
+    assert expected is not None and expected.startswith("The input (")
+    # When it is sent, then the server reads it all and answers SGLang's context error
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="default", messages=messages)
+    assert caught.value.status_code == 400
+    assert isinstance(caught.value.body, dict) and caught.value.body["message"] == expected
 
 
 def test_a_budget_past_the_context_is_rejected(

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from inference.metrics_reader import parse_metrics
 from inference.records import Quality
+from inference.server_probe import accept_length_from_server_info
 from producer.errors import SettingsError
 from producer.status import (
     MIN_COMPLETIONS_FOR_ETA,
@@ -49,12 +50,7 @@ from producer.status import (
 )
 from producer.status_cli import PRICE_ENV, resolve_price
 from producer.status_view import duration, render_status, size
-from workers.heartbeat import (
-    WorkerHeartbeat,
-    accept_length_from_server_info,
-    decode_heartbeat,
-    encode_heartbeat,
-)
+from workers.heartbeat import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
 
 START_S = 1_800_000_000.0  # the fake clock's first completion
 

@@ -1,0 +1,1 @@
+"""Training rows for drafter trainers, built from committed completions."""

@@ -1,0 +1,41 @@
+"""What an export writes about itself: its plan (first) and its record (`export.json`, last)."""
+
+from __future__ import annotations
+
+from inference.records import Record
+from producer.export.shards import ShardDone
+
+
+class ExportPlan(Record, frozen=True):
+    """Everything an export's files depend on: the same plan always writes the same bytes."""
+
+    run: str
+    source_url: str
+    source_fingerprint: str
+    format: str
+    thinking: str
+    include: list[str]
+    max_length: int | None
+    over_length: str
+    shard_rows: int
+    compression: str
+    tokenizer: str | None
+    rows: int
+    shards: int
+    draftgen_version: str
+
+
+class ExportRecord(Record, frozen=True):
+    """`export.json`: the export's plan, shards and figures, written last."""
+
+    plan: ExportPlan
+    shards: list[ShardDone]
+    committed_rows: int
+    dropped: dict[str, int]
+    dropped_qualities: dict[str, int]
+    over_length_rows: int
+    qualities: dict[str, int]
+    finish_reasons: dict[str, int]
+    tokens: dict[str, int]  # totals over the exported rows: prompt, response, reasoning
+    loss_tokens: dict[str, object]
+    forced: bool

@@ -1,0 +1,69 @@
+"""The worker's client asks every request for its token ids and keeps them with the completion; a
+server that does not return them (SGLang before 0.5.23) still gives a completion, without ids."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from inference.client import ChatResult, ClientSettings, SGLangClient
+from inference.records import Message, SamplingSettings
+from inference.server_facts import facts_from_server_info
+from inference.server_probe import ServerProbe
+from inference.simulator import SimulatorProcess
+
+BUDGET = 4096
+OLDER_SERVER_BODY = {
+    "id": "r1",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "default",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "\n\nanswer", "reasoning_content": "thought\n"},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13, "reasoning_tokens": 2},
+}
+
+
+def chat(server_url: str, http_client: httpx.AsyncClient | None = None) -> ChatResult:
+    async def ask() -> ChatResult:
+        client = SGLangClient(ClientSettings(server_url=server_url), http_client=http_client)
+        try:
+            messages = [Message(role="user", content="why is the sky blue")]
+            return await client.chat(messages, SamplingSettings(max_tokens=BUDGET), rid="run:p1:0")
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
+
+
+def test_every_completion_carries_the_ids_the_server_tokenized_and_sampled(
+    simulator: SimulatorProcess,
+) -> None:
+    result = chat(simulator.url)
+    assert result.prompt_token_ids is not None and result.response_token_ids is not None
+    assert len(result.prompt_token_ids) == result.usage.prompt_tokens
+    assert len(result.response_token_ids) == result.usage.completion_tokens
+
+
+def test_a_server_without_token_ids_still_gives_a_completion_without_them() -> None:
+    transport = httpx.MockTransport(lambda _: httpx.Response(200, json=OLDER_SERVER_BODY))
+    result = chat("http://older-sglang:30000", httpx.AsyncClient(transport=transport))
+    assert result.content == "\n\nanswer"
+    assert result.prompt_token_ids is None and result.response_token_ids is None
+
+
+def test_the_servers_facts_name_its_version_model_and_speculative_settings(
+    simulator: SimulatorProcess,
+) -> None:
+    info = ServerProbe(simulator.url).server_info()
+    assert info is not None
+    facts = facts_from_server_info(info, simulator.url)
+    assert facts.version == "0.5.23"
+    assert facts.model_path and facts.context_length and facts.speculative_num_draft_tokens
+    assert facts.speculative_algorithm is not None
