@@ -1,13 +1,16 @@
 """Read an SGLang server's `/metrics` (Prometheus text, needs `--enable-metrics`) into a typed snapshot.
 
-What the snapshot carries, and why (SGLang 0.5.23 `metrics/collector.py`, as docs/simulator.md summarises):
+What the snapshot carries, and why (SGLang 0.5.23 `observability/metrics_collector.py`, as
+docs/simulator.md summarises):
 - running and queued requests: the scheduler's gauges `sglang:num_running_reqs` and
   `sglang:num_queue_reqs`, summed over ranks. SGLang refreshes them every decode-log interval, so a
   hung scheduler keeps showing its last value: still "busy", which is what a liveness judge needs.
 - the per-step progress counter `sglang:realtime_tokens_total` (label `mode` = decode, prefill_compute,
-  prefill_cache): the scheduler adds the tokens of its forward passes as it runs them, so it moves
-  within seconds whenever anything decodes. SGLang 0.5.23 exports it; the simulator does not
-  (`None` then).
+  prefill_cache): the scheduler adds the tokens of every decode iteration and every prefill batch
+  (`scheduler_components/metrics_reporter.py`; only the log line waits for the decode-log interval), so
+  it moves many times a second whenever anything decodes. A mode's series appears with its first
+  non-zero increment: SGLang's start-up warm-up creates them, and a server that has run no forward pass
+  yet has none (`None` then). The simulator exports decode and prefill_compute the same way.
 - the completion counters `sglang:generation_tokens_total`, `sglang:num_requests_total` and
   `sglang:spec_verify_calls_total`: incremented when a request finishes, so they stay flat while
   long thinking requests run.

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import redis
 
 from inference.records import DeadLetter, Origin, Quality
+from producer.export.loss_check import LossStats
 from workers.keys import RunKeys
 from workers.ledger import gpu_label
 from workers.manifest import ManifestEntry, completion_keys, read_manifest
@@ -111,6 +112,7 @@ class RunFigures:
     finished_at: float | None  # latest completion
     gpus: list[GpuFigures]
     samples: Samples
+    loss: LossStats  # loss tokens of the `ok` rows, the rows `export` hands over by default
     dead_letters: dict[str, int] | None = None  # by reason; None when Redis was not asked or reachable
 
     @property
@@ -149,6 +151,7 @@ class _Accumulator:
     spec_sum: list[float] = field(default_factory=list)
     spec_count: list[int] = field(default_factory=list)
     chunks: list[tuple[IntArray, IntArray, FloatArray, IntArray]] = field(default_factory=list)
+    loss: LossStats = field(default_factory=LossStats)
 
     def _gpu_code(self, host: str, gpu: int | None, server_url: str) -> int:
         key = (host, gpu, server_url)
@@ -198,7 +201,13 @@ class _Accumulator:
             self.spec_sum[int(code)] += float(spec_values[mine].sum())
             self.spec_count[int(code)] += int(np.count_nonzero(mine))
         self.finish_reasons.update(Counter(table.column("finish_reason").to_pylist()))
-        self.quality.update(Counter(table.column("quality").to_pylist()))
+        qualities = table.column("quality").to_pylist()
+        self.quality.update(Counter(qualities))
+        # A trainer's loss covers every generated token: usage.completion_tokens, which SGLang counts
+        # as the response ids it returns, so the text and id columns stay unread.
+        for label, tokens, thought in zip(qualities, completion.tolist(), reasoning.tolist(), strict=True):
+            if label == Quality.OK.value:
+                self.loss.add(tokens, Quality.OK, reasoning_tokens=thought)
         self.chunks.append((reasoning, completion - reasoning, _floats(timings.field("finished_at")), gpu))
 
     def figures(self, run: str, store_url: str, dead_letters: dict[str, int] | None) -> RunFigures:
@@ -229,6 +238,7 @@ class _Accumulator:
             finished_at=float(samples.finished_at.max()) if samples.finished_at.size else None,
             gpus=self._gpu_figures(samples),
             samples=samples,
+            loss=self.loss,
             dead_letters=dead_letters,
         )
 

@@ -90,5 +90,10 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
     width = max(len(row.name) for row in summary_rows(figures))
     for row in summary_rows(figures):
         print(f"{row.name:<{width}}  {row.value}")
+    print()
+    print(figures.loss.render_text())
+    verdict = figures.loss.verdict()
+    if verdict.rows and not verdict.passed:
+        print(verdict.describe())
     print(f"wrote {page} and its pictures in {out_dir}")
     return EXIT_OK

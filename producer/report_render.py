@@ -40,6 +40,7 @@ PERCENT_AXIS_MAX = 102.0
 LABEL_INSIDE_FROM_PERCENT = 50.0
 LABEL_GAP_PERCENT = 1.0
 S_PER_MIN = 60.0
+PERCENT_SCALE = 100.0
 S_PER_H = 3600.0
 HOURS_AXIS_FROM_S = 3 * S_PER_H  # runs this long are drawn in hours,
 MINUTES_AXIS_FROM_S = 3 * S_PER_MIN  # these in minutes, shorter ones in seconds
@@ -293,6 +294,18 @@ def summary_rows(figures: RunFigures) -> list[Row]:
         Row(f"finish {reason}", f"{figures.finish_rate(reason):.1f}% ({count:,})")
         for reason, count in figures.finish_reasons.items()
     )
+    verdict = figures.loss.verdict()
+    if verdict.rows:
+        percentiles = verdict.percentiles
+        spread = f"p5 {percentiles.p5:,} · p50 {percentiles.p50:,}" if percentiles is not None else "–"
+        rows.append(Row("loss tokens of ok rows", spread))
+        rows.append(
+            Row(
+                f"ok rows under {verdict.min_loss_tokens} loss tokens",
+                f"{verdict.short_fraction * PERCENT_SCALE:.1f}% ({verdict.short_rows:,}): "
+                + ("export passes" if verdict.passed else "export refuses"),
+            )
+        )
     if figures.dead_letters is None:
         rows.append(Row("dead letters", "unknown (the run's Redis was not reachable)"))
     elif not figures.dead_letters:
@@ -378,6 +391,8 @@ def write_html(figures: RunFigures, pictures: dict[str, Path], path: Path, *, ge
         ],
         _gpu_rows(figures),
     )
+    verdict = figures.loss.verdict()
+    loss_advice = "" if verdict.passed else f"<p><strong>{html.escape(verdict.describe())}</strong></p>"
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>draftgen report: {html.escape(figures.run)}</title><style>{_STYLE}</style></head>
@@ -387,6 +402,11 @@ def write_html(figures: RunFigures, pictures: dict[str, Path], path: Path, *, ge
 generated {html.escape(_when(generated_at))}.</p>
 <h2>Summary</h2>{summary}
 <h2>Per GPU</h2>{gpus}
+<h2>Loss tokens</h2>
+<p class="note">What a drafter trainer computes loss on, per ok row (every generated token). `export`
+refuses a dataset with too many short rows.</p>
+<pre>{html.escape(figures.loss.render_text())}</pre>
+{loss_advice}
 {"".join(sections)}
 </body></html>
 """

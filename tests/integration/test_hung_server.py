@@ -30,7 +30,7 @@ SPEEDUP = 20.0  # the run lasts seconds, so the hang lands in the middle of it
 PROMPTS = 100
 BATCH_SIZE = "10"
 HANG_AFTER_COMPLETIONS = 20
-STALL_S = "3"  # the simulator exports only completion counters; with 30 running one finishes every ~0.1 s
+STALL_S = "3"  # the per-step counter moves every decode step; completions come every ~0.1 s with 30 running
 POLL_S = "0.25"
 GATE_TIMEOUT_S = 60.0
 WAIT_S = 30.0
@@ -148,9 +148,12 @@ def test_a_hung_server_is_noticed_its_work_requeued_and_the_run_completes_after_
     assert (counts.done, counts.dead) == (PROMPTS, 0)
 
 
-def test_the_metrics_of_an_idle_simulator_read_as_idle_and_without_a_step_counter(
+def test_a_simulator_that_has_served_nothing_reads_as_idle_with_no_step_counter_series_yet(
     sim: SimulatorProcess,
 ) -> None:
+    """SGLang creates each `realtime_tokens_total` series at its first non-zero increment, so a server
+    that has run no forward pass exports none (a real one runs its warm-up request at start; the
+    simulator has none). The series appear with the first request: test_simulator_scheduler.py."""
     snapshot = fetch_metrics(sim.url)
     assert not snapshot.busy
     assert not snapshot.has_step_counter

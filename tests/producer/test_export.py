@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import datasets as hf_datasets
 import pytest
@@ -186,3 +188,71 @@ def test_the_dataset_card_names_the_server_the_sampling_and_the_loss_histogram(
     assert "p50" in card
     record = json.loads((tmp_path / "out" / "export.json").read_text())
     assert record["plan"]["rows"] == 30 and record["loss_tokens"]["sources"]["ids"] == 30
+
+
+def word_level_tokenizer(path: Path) -> Path:
+    """A tokenizer.json of whole words and Qwen's end of turn, as `export --tokenizer` reads one."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "step": 1, "word": 2, "<|im_end|>": 3}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    tokenizer.save(str(path))
+    return path
+
+
+def test_rows_without_token_ids_have_their_loss_tokens_counted_by_the_given_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [completion(f"p{i}", thinking_words=50, answer_words=10, with_ids=False) for i in range(20)]
+    output = write_run_output(tmp_path / "run", RUN, [rows])
+    tokenizer = word_level_tokenizer(tmp_path / "tokenizer.json")
+    assert export(output, tmp_path / "out", "specforge", "--tokenizer", str(tokenizer)) == 0
+    assert "without token ids   20" in capsys.readouterr().out
+    record = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert record["loss_tokens"]["sources"] == {"ids": 0, "tokenizer": 20, "usage": 0}
+    assert export(output, tmp_path / "speculators", "speculators") == 1  # no ids: nothing to export
+
+
+def test_a_missing_tokenizer_file_or_an_unknown_quality_is_a_clear_error(
+    healthy_output: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        export(healthy_output, tmp_path / "a", "specforge", "--tokenizer", str(tmp_path / "nope.json")) == 2
+    )
+    assert "no such file" in capsys.readouterr().err
+    assert export(healthy_output, tmp_path / "b", "specforge", "--include", "truncated") == 2
+    assert "unknown quality 'truncated'" in capsys.readouterr().err
+
+
+def test_an_export_to_s3_lands_whole_with_its_card_and_record(
+    healthy_output: str, s3_endpoint: str, s3_client: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # as the uploader and the producer find S3
+    assert (
+        main(
+            [
+                "--redis-url",
+                CLOSED_REDIS,
+                "export",
+                "--run",
+                RUN,
+                "--format",
+                "speculators",
+                "--output",
+                healthy_output,
+                "--to",
+                f"s3://{bucket}/datasets/{RUN}",
+                *GZIP_SHARDS,
+            ]
+        )
+        == 0
+    )
+    keys = {item["Key"] for item in s3_client.list_objects_v2(Bucket=bucket)["Contents"]}
+    prefix = f"datasets/{RUN}/"
+    assert {f"{prefix}README.md", f"{prefix}export.json"} <= keys
+    shards = sorted(key for key in keys if key.startswith(f"{prefix}data/train-"))
+    assert len(shards) == 5
+    body = s3_client.get_object(Bucket=bucket, Key=shards[0])["Body"].read()
+    assert len(gzip.decompress(body).splitlines()) == SHARD_ROWS

@@ -44,7 +44,7 @@ sglang:num_requests_total{engine_type="unified",is_streaming="false",model_name=
 sglang:spec_verify_calls_total{engine_type="unified",model_name="Qwen3.6-27B"} 20000.0
 """
 
-SIMULATOR_METRICS = """\
+COMPLETION_COUNTERS_ONLY = """\
 # TYPE sglang:generation_tokens_total counter
 sglang:generation_tokens_total{engine_type="unified",is_streaming="false",model_name="m"} 9645.0
 # TYPE sglang:generation_tokens_created gauge
@@ -99,8 +99,9 @@ def test_sglang_metrics_give_the_load_and_the_per_step_decode_counter() -> None:
     assert read.has_step_counter and read.busy
 
 
-def test_simulator_metrics_have_only_completion_counters() -> None:
-    read = parse_metrics(SIMULATOR_METRICS)
+def test_a_server_without_the_step_counter_is_read_by_its_completion_counters() -> None:
+    """A server that has run no forward pass yet (or predates `realtime_tokens_total`)."""
+    read = parse_metrics(COMPLETION_COUNTERS_ONLY)
     assert (read.running_requests, read.generation_tokens_total, read.requests_total) == (3, 9645.0, 5.0)
     assert read.decode_tokens_total is None and read.spec_verify_calls_total is None
     assert not read.has_step_counter

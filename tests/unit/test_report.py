@@ -23,7 +23,7 @@ from producer.report import (
     dead_letters_by_reason,
     throughput_per_gpu,
 )
-from producer.report_render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, write_report
+from producer.report_render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, summary_rows, write_report
 from workers.keys import RunKeys
 from workers.manifest import ManifestEntry, data_key, encode_entry, manifest_key
 from workers.parquet_io import completions_to_parquet
@@ -271,3 +271,23 @@ def test_the_report_command_without_a_store_needs_the_run_in_redis(
     code = main(["--redis-url", UNREACHABLE_REDIS, "report", "--run", RUN, "--out", str(tmp_path / "r")])
     assert code == 2
     assert "pass --store URL" in capsys.readouterr().err
+
+
+def test_the_loss_tokens_of_ok_rows_are_counted_from_usage_and_the_export_verdict_is_shown(
+    figures: RunFigures,
+) -> None:
+    ok_rows = [row for row in PART_0 + PART_1 if row.quality is Quality.OK]
+    assert figures.loss.rows == len(ok_rows)
+    rows = {row.name: row.value for row in summary_rows(figures)}
+    assert rows["ok rows under 32 loss tokens"].endswith("export passes")
+
+
+def test_a_report_of_six_token_answers_says_the_export_would_refuse_them(tmp_path: Path) -> None:
+    folder = FolderStore(tmp_path / "thinking-off")
+    commit(
+        folder,
+        0,
+        [completion(f"q{i}", host="h1", gpu=0, reasoning=0, answer=6, finished_after_s=i) for i in range(50)],
+    )
+    rows = {row.name: row.value for row in summary_rows(compute_figures(folder, RUN))}
+    assert rows["ok rows under 32 loss tokens"] == "100.0% (50): export refuses"
