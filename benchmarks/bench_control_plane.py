@@ -1,6 +1,13 @@
 """Control-plane ceiling: completions/s through Redis, generate workers and the uploader when the
 server answers at once (a simulator with tiny outputs and a huge speedup), on this machine's cores.
 
+It also says how far one Redis carries a fleet. Redis's own CPU per completion (its user + system
+CPU over the run, and the command time `INFO commandstats` counts: enqueue, lease, stage, commit,
+heartbeats, events, Celery's messages, everything) gives the completions/s one Redis core serves, and
+so the GPUs it serves at the seeds' rate of 0.8 completions/s per GPU. Redis memory left per prompt
+once the run is committed (the ids in `enqueued` and `done`) gives the ceiling in prompts on a
+64 GB Redis.
+
     .venv/bin/python benchmarks/bench_control_plane.py [--prompts 6000] [--workers 2]
 
 Last line: control_plane_cps=<committed completions per second, enqueue end to last commit>.
@@ -32,6 +39,23 @@ INSTANT_SPEEDUP = 100_000.0
 TINY_THINKING_TOKENS = 20.0
 TINY_ANSWER_TOKENS = 10.0
 RUN_TIMEOUT_S = 600.0
+COMPLETIONS_PER_S_PER_GPU = 0.8  # the seeds' rate: Qwen3.6-27B with MTP on one B200
+US_PER_S = 1_000_000
+REDIS_MEMORY_BYTES = 64 * 2**30
+MILLION = 1_000_000
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def command_time_us(client: redis.Redis) -> tuple[float, dict[str, float]]:
+    """Total microseconds Redis spent in commands, and the five costliest commands."""
+    stats = client.info("commandstats")
+    per_command = {name.removeprefix("cmdstat_"): float(fields["usec"]) for name, fields in stats.items()}
+    top = dict(sorted(per_command.items(), key=lambda item: -item[1])[:5])
+    return sum(per_command.values()), top
 
 
 def main() -> int:
@@ -64,6 +88,9 @@ def main() -> int:
                 run="cp", sampling=SamplingSettings(max_tokens=256), output_url=(logs / "out").as_uri()
             )
             publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
+            client.config_resetstat()
+            cpu_before = redis_cpu_s(client)
+            memory_before = int(client.info("memory")["used_memory"])
             enqueue_started = time.monotonic()
             Enqueuer(client, pin_settings(client, settings), publisher, source="bench").enqueue(prompts)
             publisher.close()
@@ -73,6 +100,9 @@ def main() -> int:
                 lambda: ledger.counts().done == args.prompts, timeout_s=RUN_TIMEOUT_S, what="every commit"
             )
             finished = time.monotonic()
+            cpu_used_s = redis_cpu_s(client) - cpu_before
+            command_us, top_commands = command_time_us(client)
+            memory_left = int(client.info("memory")["used_memory"]) - memory_before
         finally:
             for worker in workers:
                 worker.stop()
@@ -82,6 +112,21 @@ def main() -> int:
         f"{args.prompts} prompts, {args.workers} generate workers + 1 uploader, instant server, "
         f"enqueue {enqueued - enqueue_started:.1f} s, last commit after {run_s:.1f} s"
     )
+    cpu_us = cpu_used_s * US_PER_S / args.prompts
+    per_core_cps = US_PER_S / cpu_us
+    gpus = per_core_cps / COMPLETIONS_PER_S_PER_GPU
+    costliest = ", ".join(f"{name} {us / args.prompts:.0f} us" for name, us in top_commands.items())
+    print(f"Redis CPU per completion  {cpu_us:.0f} us (user + system)")
+    print(f"  in commands             {command_us / args.prompts:.0f} us; costliest: {costliest}")
+    print(f"one Redis core serves     {per_core_cps:,.0f} completions/s = {gpus:,.0f} GPUs at 0.8/s each")
+    per_prompt = memory_left / args.prompts
+    print(
+        f"Redis memory per committed prompt {per_prompt:.0f} bytes: "
+        f"1M prompts {per_prompt * MILLION / 2**20:,.0f} MiB, "
+        f"10M {per_prompt * 10 * MILLION / 2**30:.1f} GiB, "
+        f"64 GB hold {REDIS_MEMORY_BYTES / per_prompt / MILLION:,.0f}M"
+    )
+    print(f"redis_us_per_completion={cpu_us:.0f} fleet_gpus_per_redis_core={gpus:.0f}")
     print(f"control_plane_cps={args.prompts / run_s:.0f}")
     return 0
 

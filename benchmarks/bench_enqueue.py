@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from producer.local_stack import PROJECT_ROOT, free_port, start_redis
 
 ONE_MILLION = 1_000_000
+TEN_MILLION = 10 * ONE_MILLION
+REDIS_MEMORY_BYTES = 64 * 2**30
 SMALL_ROWS = 100_000
 WORDS = (
     "explain",
@@ -117,6 +119,12 @@ def main() -> int:
         f"Redis memory per prompt  {per_prompt:.0f} bytes ({per_prompt / raw_per_prompt:.2f} x its raw text, "
         "ids and queue included)"
     )
+    ten_million_gib = per_prompt * TEN_MILLION / 2**30
+    print(
+        f"10M prompts queued       {ten_million_gib:.1f} GiB of Redis (a 64 GB Redis queues "
+        f"{REDIS_MEMORY_BYTES / per_prompt / ONE_MILLION:,.0f}M at once)"
+    )
+    print(f"redis_bytes_per_prompt={per_prompt:.0f} queued_10m_gib={ten_million_gib:.1f}")
     print(f"enqueue_1m_s={full_s * ONE_MILLION / args.rows:.1f}")
     return 0
 

@@ -1,6 +1,7 @@
 """Saturation: does the pipeline keep a server's slots full across batch boundaries?
 
-One simulated server (48 slots, the default thinking-length mix), the same prompts for every client,
+One simulated server (48 slots, a named length mix: `single`, the default, or `reasoning`, the heavy
+tail of real reasoning traces, see inference/simulator/length_mix.py), the same prompts for every client,
 side by side in one run:
   - capacity: the server's own output tokens/s with every slot busy (stated by the simulator);
   - asyncio-48: a plain asyncio client with a fixed 48-request window (what peer scripts do);
@@ -9,7 +10,7 @@ side by side in one run:
 Steady-state throughput is measured from the server's request log, over the span in which requests
 were still arriving (every client drains at the very end; that tail is reported apart as makespan).
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--prompts 480] [--speedup 20]
+    .venv/bin/python benchmarks/bench_pipeline.py [--prompts 480] [--speedup 20] [--length-mix reasoning]
 
 Last line: saturation=<pipeline steady tokens/s ÷ capacity>.
 """
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inference.client import build_request
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
+from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
 from producer.enqueue import Enqueuer, pin_settings
 from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from producer.publisher import BatchPublisher
@@ -42,7 +44,8 @@ from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots
-RUN_TIMEOUT_S = 900.0
+RUN_TIMEOUT_S = 1800.0
+SAMPLES = 500  # instants at which the running requests are counted
 SAMPLING = SamplingSettings(model="bench", max_tokens=32768)
 
 
@@ -62,12 +65,13 @@ class Measured:
     steady_tokens_per_s: float
     makespan_s: float
     total_tokens: int
+    short_share: float  # of instants while requests still arrived, with fewer than 48 running
 
     def row(self, capacity: float) -> str:
         ideal_s = self.total_tokens / capacity
         return (
             f"{self.name:<12} {self.steady_tokens_per_s:>12.0f} {self.steady_tokens_per_s / capacity:>10.3f}"
-            f" {self.makespan_s:>10.1f} {self.makespan_s / ideal_s:>10.3f}"
+            f" {self.makespan_s:>10.1f} {self.makespan_s / ideal_s:>10.3f} {self.short_share:>10.3f}"
         )
 
 
@@ -86,11 +90,17 @@ def measure(name: str, records: list[RequestRecord]) -> Measured:
         span = max(finished - first, 1e-9)
         overlap = max(0.0, min(finished, last_arrival) - max(first, window_start))
         produced += record.completion_tokens * overlap / span
+    instants = [window_start + (last_arrival - window_start) * i / SAMPLES for i in range(SAMPLES)]
+    running = [
+        sum(1 for r in done if (r.first_token_at or r.received_at) <= t < (r.finished_at or t))
+        for t in instants
+    ]
     return Measured(
         name=name,
         steady_tokens_per_s=produced / (last_arrival - window_start),
         makespan_s=end - start,
         total_tokens=sum(r.completion_tokens for r in done),
+        short_share=sum(count < WINDOW for count in running) / SAMPLES,
     )
 
 
@@ -149,6 +159,7 @@ def main() -> int:
     )
     parser.add_argument("--prompts", type=int, default=480)
     parser.add_argument("--speedup", type=float, default=20.0)
+    parser.add_argument("--length-mix", choices=LENGTH_MIX_CHOICES, default=SINGLE)
     args = parser.parse_args()
     prompts = bench_prompts(args.prompts)
     with tempfile.TemporaryDirectory() as scratch:
@@ -156,7 +167,10 @@ def main() -> int:
         redis_process = start_redis(free_port(), logs / "redis", logs)
         redis_url = f"redis://127.0.0.1:{redis_process.argv[redis_process.argv.index('--port') + 1]}/0"
         settings = SimulatorSettings(
-            speedup=args.speedup, max_running_requests=WINDOW, request_log_size=100_000
+            speedup=args.speedup,
+            max_running_requests=WINDOW,
+            request_log_size=100_000,
+            length_mix=args.length_mix,
         )
         results: list[Measured] = []
         try:
@@ -191,9 +205,12 @@ def main() -> int:
                     results.append(measure(name, sim.admin.requests()))
         finally:
             redis_process.stop()
-    print(f"{args.prompts} prompts, default length mix, speedup {args.speedup:g}, 48 slots")
+    print(f"{args.prompts} prompts, length mix {args.length_mix}, speedup {args.speedup:g}, 48 slots")
     print(f"capacity: {capacity:.0f} output tokens/s (wall) with every slot busy")
-    print(f"{'client':<12} {'steady tok/s':>12} {'÷ capacity':>10} {'makespan s':>10} {'÷ ideal':>10}")
+    print(
+        f"{'client':<12} {'steady tok/s':>12} {'÷ capacity':>10} {'makespan s':>10} {'÷ ideal':>10}"
+        f" {'<48 running':>10}"
+    )
     for measured in results:
         print(measured.row(capacity))
     pipeline = next(m for m in results if m.name == "pipeline")

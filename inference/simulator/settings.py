@@ -17,6 +17,8 @@ import typing
 from fractions import Fraction
 from typing import Any
 
+from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
+
 # Served model and server identity (SGLang 0.5.23 serving Qwen3.6-27B with MTP).
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 30000
@@ -124,6 +126,12 @@ class SimulatorSettings:
     )
     seed: int = _option(
         "Seed of the thinking model (outcomes depend on seed and messages only).", default=DEFAULT_SEED
+    )
+    length_mix: str = _option(
+        "Output lengths: single (the four length options below) or reasoning (a heavy-tailed mix of "
+        "long reasoning and short chat answers; see length_mix.py).",
+        default=SINGLE,
+        choices=LENGTH_MIX_CHOICES,
     )
     thinking_tokens_mean: float = _option(
         "Mean thinking length in tokens (lognormal).", default=DEFAULT_THINKING_TOKENS_MEAN

@@ -19,13 +19,13 @@ import bisect
 import dataclasses
 import hashlib
 import itertools
-import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from inference.simulator.length_mix import REASONING, REASONING_MIX, Lognormal
 from inference.simulator.settings import SimulatorSettings
 
 EOS_TOKEN_ID = 151645
@@ -212,9 +212,24 @@ def thinking_enabled(settings: SimulatorSettings, enable_thinking: bool) -> bool
     return enable_thinking
 
 
-def _lognormal_tokens(rng: random.Random, mean: float, sigma: float) -> int:
-    mu = math.log(mean) - sigma * sigma / 2
-    return max(1, round(rng.lognormvariate(mu, sigma)))
+def _lognormal_tokens(rng: random.Random, distribution: Lognormal) -> int:
+    return max(1, round(rng.lognormvariate(distribution.mu, distribution.sigma)))
+
+
+def _drawn_lengths(settings: SimulatorSettings, rng: random.Random) -> tuple[int, int]:
+    """(thinking, answer) lengths from the settings' length mix; `single` draws exactly two numbers."""
+    if settings.length_mix == REASONING:
+        pick, reached = rng.random(), 0.0
+        component = REASONING_MIX[-1]
+        for candidate in REASONING_MIX:
+            reached += candidate.share
+            if pick < reached:
+                component = candidate
+                break
+        return _lognormal_tokens(rng, component.thinking), _lognormal_tokens(rng, component.answer)
+    thinking = Lognormal.with_mean(settings.thinking_tokens_mean, settings.thinking_tokens_sigma)
+    answer = Lognormal.with_mean(settings.answer_tokens_mean, settings.answer_tokens_sigma)
+    return _lognormal_tokens(rng, thinking), _lognormal_tokens(rng, answer)
 
 
 def _rng(settings: SimulatorSettings, messages: Sequence[Mapping[str, Any]]) -> random.Random:
@@ -314,8 +329,7 @@ def plan_generation(
     Only the tokens within the budget are rendered, so a small budget costs little."""
     rng = _rng(settings, messages)
     thinking_on = thinking_enabled(settings, enable_thinking)
-    thinking_drawn = _lognormal_tokens(rng, settings.thinking_tokens_mean, settings.thinking_tokens_sigma)
-    answer_drawn = _lognormal_tokens(rng, settings.answer_tokens_mean, settings.answer_tokens_sigma)
+    thinking_drawn, answer_drawn = _drawn_lengths(settings, rng)
     stops_in_thinking = rng.random() < settings.stop_in_thinking_rate
     think_nothing = rng.random() < settings.think_nothing_rate and not stops_in_thinking
     filler = _Filler(rng)
