@@ -32,7 +32,7 @@ def healthy_output(tmp_path: Path) -> str:
     return write_run_output(tmp_path / "run", RUN, parts)
 
 
-def export(output_url: str, dest: Path, fmt: str, *options: str) -> int:
+def export(output_url: str, dest: Path | str, fmt: str, *options: str) -> int:
     return main(
         [
             "--redis-url",
@@ -230,25 +230,7 @@ def test_an_export_to_s3_lands_whole_with_its_card_and_record(
     healthy_output: str, s3_endpoint: str, s3_client: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # as the uploader and the producer find S3
-    assert (
-        main(
-            [
-                "--redis-url",
-                CLOSED_REDIS,
-                "export",
-                "--run",
-                RUN,
-                "--format",
-                "speculators",
-                "--output",
-                healthy_output,
-                "--to",
-                f"s3://{bucket}/datasets/{RUN}",
-                *GZIP_SHARDS,
-            ]
-        )
-        == 0
-    )
+    assert export(healthy_output, f"s3://{bucket}/datasets/{RUN}", "speculators", *GZIP_SHARDS) == 0
     keys = {item["Key"] for item in s3_client.list_objects_v2(Bucket=bucket)["Contents"]}
     prefix = f"datasets/{RUN}/"
     assert {f"{prefix}README.md", f"{prefix}export.json"} <= keys
