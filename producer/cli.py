@@ -24,7 +24,7 @@ from workers.keys import InvalidRunName, RunKeys, check_run_name
 from workers.manifest import committed_locations
 from workers.runs import RunSettings, TruncationPolicy, decode_run_settings
 from workers.settings import WorkerSettings
-from workers.storage import UnsupportedStoreUrl, normalise_output_url, open_store
+from workers.storage import UnsafeKey, UnsupportedStoreUrl, normalise_output_url, open_store
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     except ProducerError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except (InvalidRunName, UnsupportedStoreUrl) as error:  # a bad --run or --output
+    except (InvalidRunName, UnsupportedStoreUrl, UnsafeKey) as error:  # a bad --run, --output or manifest
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     return exit_code

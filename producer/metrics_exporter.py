@@ -9,7 +9,10 @@ heartbeats, which are global. Counters are the runs' running totals, so Grafana 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -223,8 +226,16 @@ def serve(client: redis.Redis, runs: Sequence[str] | None, *, address: str, port
 
 def cmd_metrics(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = redis.Redis.from_url(args.redis_url or settings.redis_url)
+    if not ipaddress.ip_address(socket.gethostbyname(args.address)).is_loopback:
+        print(
+            f"warning: {args.address} is reachable beyond this machine and the endpoint has no "
+            "authentication: anyone who can reach it reads every run's names, rates and costs",
+            file=sys.stderr,
+            flush=True,
+        )
     server = serve(client, args.runs, address=args.address, port=args.port)
-    print(f"serving draftgen metrics on http://{args.address}:{args.port}/metrics (Ctrl-C stops)", flush=True)
+    port = server.server_address[1]  # the port bound, also when --port 0 asked for any free one
+    print(f"serving draftgen metrics on http://{args.address}:{port}/metrics (Ctrl-C stops)", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError, ClientError
 
+from inference.safe_paths import stays_inside
 from producer.errors import SourceError
 
 if sys.version_info >= (3, 14):
@@ -205,6 +206,11 @@ def _hugging_face_shards(store: _Store, folder: str) -> list[_DataFile]:
         raise SourceError(f"{state_name}: not a datasets state file ({error!r})") from error
     if not shard_names:
         raise SourceError(f"{state_name}: lists no data files")
+    escaping = [name for name in shard_names if not isinstance(name, str) or not stays_inside(name)]
+    if escaping:
+        raise SourceError(
+            f"{state_name}: data file {escaping[0]!r} is not a plain name inside {folder}: refused"
+        )
     shards = []
     for shard_name in shard_names:
         name = _join(folder, shard_name)

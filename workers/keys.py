@@ -11,7 +11,8 @@ WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate w
 SERVERS_KEY = (
     f"{KEY_PREFIX}:servers"  # hash: facts id -> a server's facts (JSON), see inference/server_facts.py
 )
-RUN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RUN_NAME_MAX_CHARS = 128
+RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX_CHARS - 1}}}")
 
 
 class InvalidRunName(ValueError):
@@ -24,7 +25,11 @@ RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers"})  # key prefixes o
 def check_run_name(run: str) -> str:
     if run in RESERVED_RUN_NAMES:
         raise InvalidRunName(f"run name {run!r} is reserved; choose another")
-    if not RUN_NAME_PATTERN.match(run):
+    if len(run) > RUN_NAME_MAX_CHARS:
+        raise InvalidRunName(
+            f"run name {run[:40]!r}… is {len(run)} characters long; at most {RUN_NAME_MAX_CHARS}"
+        )
+    if not RUN_NAME_PATTERN.fullmatch(run):
         raise InvalidRunName(
             f"run name {run!r} must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
         )

@@ -21,6 +21,7 @@ import boto3.exceptions
 import botocore.exceptions
 from botocore.config import Config
 
+from inference.safe_paths import stays_inside
 from workers.errors import RetryLater
 
 STORE_RETRY_DELAY_S = 10.0
@@ -38,6 +39,10 @@ class StoreUnavailable(RetryLater):
 
 class ObjectMissing(KeyError):
     """No object under that key."""
+
+
+class UnsafeKey(ValueError):
+    """A key (from a manifest, a listing) that would name a file outside the output folder."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,12 @@ class FolderStore:
         self.url = root.as_uri()
 
     def _path(self, key: str) -> Path:
+        if not stays_inside(key):
+            raise UnsafeKey(f"object key {key!r} would name a file outside {self.root}: refused")
         return self.root / key
+
+    def _prefix_path(self, prefix: str) -> Path:
+        return self.root if not prefix.rstrip("/") else self._path(prefix.rstrip("/"))
 
     def _write_temp(self, key: str, data: bytes) -> Path:
         path = self._path(key)
@@ -107,7 +117,7 @@ class FolderStore:
             raise ObjectMissing(key) from error
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        base = self._path(prefix)
+        base = self._prefix_path(prefix)
         if not base.is_dir():
             return
         for path in sorted(base.rglob("*")):
@@ -134,6 +144,9 @@ class S3Store:
         )
 
     def _full(self, key: str) -> str:
+        bare = key.rstrip("/")
+        if bare and not stays_inside(bare):  # S3 keys are literal, but a reader's copy would not be
+            raise UnsafeKey(f"object key {key!r} would name an object outside {self.url}: refused")
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _call(self, operation: str, **kwargs: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Protocol
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
 from inference.node.sources import ModelSource, SourceFile
 from inference.node.units import human_bytes
+from inference.safe_paths import stays_inside
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,12 @@ def stage_model(
     files = source.list_files()
     if not files:
         raise StagingError(f"{source} holds no files")
+    escaping = [f.relpath for f in files if not stays_inside(f.relpath)]
+    if escaping:
+        raise StagingError(
+            f"{source} holds {len(escaping)} object(s) whose key would land outside {destination} "
+            f"(absolute, '..', '.' or empty segments), e.g. {escaping[0]!r}: nothing was copied"
+        )
     if destination.exists() and not destination.is_dir():
         raise StagingError(f"destination {destination} exists and is not a folder")
     with _exclusive(destination):

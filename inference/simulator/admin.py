@@ -23,15 +23,18 @@ class _RequestList(msgspec.Struct):
 class AdminClient:
     """`AdminClient("http://127.0.0.1:30000")`: faults, the request log, server info, health."""
 
-    def __init__(self, url: str, timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = DEFAULT_ADMIN_TIMEOUT_S, api_key: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:  # the admin routes need the key like every other route but the health and metrics
+            self._headers["Authorization"] = f"Bearer {api_key}"
 
     def _call(self, method: str, path: str, body: Any = None) -> bytes:
         data = None if body is None else msgspec.json.encode(body)
-        request = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=self._headers)
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             payload: bytes = response.read()
             return payload

@@ -63,7 +63,9 @@ class SimulatorProcess:
         self.cpu = cpu
         self._process: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
-        self.admin = AdminClient(self.url, timeout_s=max(HEALTH_PROBE_TIMEOUT_S, DEFAULT_STOP_TIMEOUT_S))
+        self.admin = AdminClient(
+            self.url, timeout_s=max(HEALTH_PROBE_TIMEOUT_S, DEFAULT_STOP_TIMEOUT_S), api_key=settings.api_key
+        )
 
     @property
     def port(self) -> int:

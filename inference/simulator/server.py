@@ -22,14 +22,14 @@ from inference.simulator.faults import FaultController
 from inference.simulator.metrics import SimulatorMetrics
 from inference.simulator.protocol import internal_error
 from inference.simulator.request_log import RequestLog
-from inference.simulator.routes_admin import ADMIN_PREFIX, add_admin_routes
+from inference.simulator.routes_admin import add_admin_routes
 from inference.simulator.routes_chat import add_chat_routes, json_response
 from inference.simulator.routes_info import add_info_routes
 from inference.simulator.scheduler_log import SchedulerLog
 from inference.simulator.settings import SimulatorSettings
 from inference.simulator.state import STATE, ServerStatus, SimulatorState
 
-OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics", ADMIN_PREFIX)  # never need the API key
+OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
 SHUTDOWN_TIMEOUT_WALL_S = 0.5
 LISTEN_BACKLOG = 2048
 READY_MESSAGE = "The server is fired up and ready to roll!"

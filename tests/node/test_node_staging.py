@@ -239,3 +239,15 @@ def test_the_stage_command_reports_what_it_copied_and_fails_clearly(
     args = parse(["stage", str(model_folder), str(tmp_path / "other")])
     assert args.handler(args) == EXIT_FAILURE
     assert "model-00003-of-00002.safetensors is listed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["Qwen/../../escaped", "Qwen//config.json", "Qwen/./x", "Qwen/..\\x"])
+def test_an_s3_key_that_would_land_outside_the_destination_is_refused_before_anything_is_copied(
+    bucket: str, model_folder: Path, tmp_path: Path, key: str
+) -> None:
+    upload(model_folder, "qwen/TinyModel")
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"qwen/TinyModel/{key}", Body=b"x")
+    destination = tmp_path / "stage" / "TinyModel"
+    with pytest.raises(StagingError, match="would land outside"):
+        stage_model(open_source("s3://models/qwen/TinyModel"), destination)
+    assert not any(tmp_path.rglob("escaped")) and not destination.exists()

@@ -234,6 +234,16 @@ def test_a_hugging_face_shard_listed_in_state_json_but_missing_is_a_source_error
         iter_prompts(str(folder))
 
 
+@pytest.mark.parametrize("shard", ["../outside.arrow", "/etc/passwd", "sub//x.arrow"])
+def test_a_hugging_face_shard_name_reaching_outside_its_folder_is_refused(
+    write_hf_dataset: WriteHuggingFaceDataset, shard: str
+) -> None:
+    folder = write_hf_dataset([{"prompt": "q"}])
+    (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": shard}], "_split": "train"}))
+    with pytest.raises(SourceError, match="is not a plain name inside"):
+        iter_prompts(str(folder))
+
+
 def test_a_hugging_face_shard_without_prompt_columns_is_a_source_error(
     write_hf_dataset: WriteHuggingFaceDataset,
 ) -> None:

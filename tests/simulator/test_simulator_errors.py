@@ -159,8 +159,16 @@ def test_an_api_key_is_required_everywhere_but_health_ready_and_metrics(
     assert caught.value.status_code == 401 and caught.value.response.json() == {"error": "Unauthorized"}
     with make_client(sim, api_key="secret") as right:
         assert right.chat.completions.create(model="default", messages=user("key"), max_tokens=3).choices
-    for path, status in (("/health", 200), ("/ready", 200), ("/metrics", 200), ("/v1/models", 401)):
+    for path, status in (
+        ("/health", 200),
+        ("/ready", 200),
+        ("/metrics", 200),
+        ("/v1/models", 401),
+        ("/admin/requests", 401),
+        ("/admin/faults", 401),
+    ):
         assert httpx.get(sim.url + path, timeout=10).status_code == status, path
+    assert sim.admin.requests()  # the simulator's own admin client carries the key
 
 
 def test_a_full_queue_answers_503(start_simulator: Callable[..., SimulatorProcess]) -> None:

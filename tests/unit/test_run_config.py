@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,7 @@ import pytest
 from inference.records import SamplingSettings
 from producer.errors import SettingsError
 from producer.run_config import read_toml, resolve_run_settings
+from workers.keys import InvalidRunName, check_run_name
 from workers.runs import RunSettings, differences
 
 
@@ -53,3 +55,19 @@ def test_an_unknown_key_in_the_file_is_refused_by_name(tmp_path: Path) -> None:
 def test_a_wrong_type_is_refused() -> None:
     with pytest.raises(SettingsError, match="invalid run settings"):
         resolve_run_settings("r1", pinned=None, file_values={"max_tokens": "many"}, option_values={})
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("run\n", "must start with a letter or digit"),
+        ("x" * 500, "500 characters long; at most 128"),
+        ("../etc", "must start with a letter or digit"),
+        ("workers", "reserved"),
+    ],
+)
+def test_a_run_name_that_is_not_a_safe_key_and_path_segment_is_refused_saying_why(
+    name: str, words: str
+) -> None:
+    with pytest.raises(InvalidRunName, match=re.escape(words)):
+        check_run_name(name)
