@@ -14,6 +14,7 @@ from celery import Celery
 from celery.signals import worker_shutdown, worker_shutting_down
 
 from workers.context import ContextHolder, WorkerContext
+from workers.dispatch import CeleryDispatcher
 from workers.heartbeat_step import HeartbeatStep
 from workers.liveness_step import LivenessStep
 from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
@@ -66,7 +67,7 @@ def make_app(
 ) -> Celery:
     app = Celery("draftgen")
     app.conf.update(celery_config(settings))
-    contexts = ContextHolder(settings, context_factory)
+    contexts = ContextHolder(settings, context_factory, CeleryDispatcher(app))
     app.draftgen = contexts
     register_tasks(app, contexts)
     app.steps["consumer"].add(HeartbeatStep)

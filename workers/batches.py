@@ -9,6 +9,7 @@ dispatches the batch again: no path leaves a batch without a message for good.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -128,24 +129,65 @@ def _generate_leased(ctx: WorkerContext, ledger: RunLedger, lease: Lease) -> Bat
     truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
     if pending:
         ctx.engine.origin = ctx.server_record.refresh()
-    outcome = ctx.engine.run_batch(
+    job = ctx.engine.submit_batch(
         run, pending, settings.sampling, ledger, truncation, still_held=lambda: ctx.leases.held(lease)
     )
-    tripped = check_quality_gate(ctx.redis, run, settings.gate)
+    job.wait_sent()
+    if job.done.done() or ctx.stopping.is_set():  # a stopping worker hands back through Celery's retry
+        return _settle(ctx, lease, batch, len(pending), job.outcome())
+    ctx.tails.detach(job.done, lambda done: _settle_tail(ctx, lease, batch, len(pending), done))
+    skipped = len(batch.prompts) - len(pending)
+    note = "every prompt sent; the last requests finish after this message"
+    return BatchReport(
+        batch_id, prompts=len(batch.prompts), generated=0, dead_lettered=0, skipped=skipped, note=note
+    )
+
+
+def _settle(
+    ctx: WorkerContext, lease: Lease, batch: PromptBatch, pending: int, outcome: BatchOutcome
+) -> BatchReport:
+    """Every prompt of the batch is settled: finish it, or hand it back (RetryLater) if some got no answer."""
+    run = lease.run
+    tripped = check_quality_gate(ctx.redis, run, ctx.run_settings(run).gate)
     if tripped:
         log.error("run %s paused by the quality gate: %s", run, tripped)
     if outcome.unreachable:
         return _hand_back(ctx, lease, outcome)
     ctx.leases.finish(lease)
     report = BatchReport(
-        batch_id,
+        lease.batch_id,
         prompts=len(batch.prompts),
         generated=outcome.staged,
         dead_lettered=outcome.dead_lettered,
-        skipped=len(batch.prompts) - len(pending) + outcome.already_handled,
+        skipped=len(batch.prompts) - pending + outcome.already_handled,
     )
     log.info("run %s %s", run, report)
     return report
+
+
+def _settle_tail(
+    ctx: WorkerContext, lease: Lease, batch: PromptBatch, pending: int, done: Future[BatchOutcome]
+) -> None:
+    """A detached batch's last prompt settled. Its message is gone: a hand-back sends a new one."""
+    run, batch_id = lease.run, lease.batch_id
+    try:
+        report = _settle(ctx, lease, batch, pending, done.result())
+    except RetryLater as error:
+        log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
+        ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s)
+        return
+    except redis.RedisError:
+        ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)  # the reconciler sends it again
+        raise
+    except Exception as error:
+        ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
+        try:
+            _count_failure(ctx, run, batch_id, error)
+        except RetryLater as retry:
+            ctx.dispatch_generate(run, batch_id, countdown_s=retry.delay_s)
+        return
+    if report.handed_over:
+        ctx.dispatch_flush(run)
 
 
 def _hand_back(ctx: WorkerContext, lease: Lease, outcome: BatchOutcome) -> BatchReport:

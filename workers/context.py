@@ -15,6 +15,7 @@ from typing import TypeVar
 from inference.client import SGLangClient
 from inference.records import Origin
 from inference.server_probe import ServerProbe
+from workers.dispatch import Dispatcher
 from workers.generation import GenerationEngine, RetryPolicy
 from workers.leases import LeaseKeeper
 from workers.ledger import gpu_label
@@ -23,6 +24,7 @@ from workers.runs import RunSettings, load_run_settings
 from workers.server_record import ServerRecord
 from workers.settings import WorkerSettings
 from workers.storage import ObjectStore, open_store
+from workers.tails import BatchTails
 from workers.uploader import Uploader
 
 log = logging.getLogger(__name__)
@@ -30,9 +32,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+TAILS_SETTLE_MARGIN_S = 5.0  # beyond the shutdown grace: the tails' hand-backs are a few Redis calls
+
+
 class WorkerContext:
+    # Set by the ContextHolder from the app (the process edge): how batch tails send messages.
+    dispatcher: Dispatcher | None = None
+
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
+        self.tails = BatchTails()
         self.redis = connect(settings.redis_url)
         self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
         self.stopping = threading.Event()  # set on SIGTERM: take no new batch, hand held ones back
@@ -109,6 +118,18 @@ class WorkerContext:
                 self._stores[url] = open_store(url)
             return self._stores[url]
 
+    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None:
+        if self.dispatcher is None:  # no app: the reconciler sends the batch again once its delay is over
+            log.warning(
+                "batch %s of run %s handed back without a message; the reconciler resends it", batch_id, run
+            )
+            return
+        self.dispatcher.generate(run, batch_id, countdown_s=countdown_s)
+
+    def dispatch_flush(self, run: str) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.flush(run)
+
     def begin_shutdown(self) -> None:
         """SIGTERM: no new batch starts; requests in flight get the grace period, the rest go back."""
         self.stopping.set()
@@ -123,6 +144,11 @@ class WorkerContext:
             engine.drain(grace_s=self.settings.shutdown_grace_s)
 
     def close(self) -> None:
+        if not self.tails.wait_idle(self.settings.shutdown_grace_s + TAILS_SETTLE_MARGIN_S):
+            log.warning(
+                "%d batch tails unsettled at exit: their leases run out and they come back", len(self.tails)
+            )
+        self.tails.close()
         with self._lock:
             engine, leases = self._engine, self._leases
             self._engine = self._leases = None
@@ -136,9 +162,15 @@ class WorkerContext:
 class ContextHolder:
     """Builds the process's context on first use, from the settings the app was made with."""
 
-    def __init__(self, settings: WorkerSettings, factory: Callable[[WorkerSettings], WorkerContext]) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        factory: Callable[[WorkerSettings], WorkerContext],
+        dispatcher: Dispatcher | None = None,
+    ) -> None:
         self.settings = settings
         self._factory = factory
+        self._dispatcher = dispatcher
         self._context: WorkerContext | None = None
         self._lock = threading.Lock()
 
@@ -146,6 +178,7 @@ class ContextHolder:
         with self._lock:
             if self._context is None:
                 self._context = self._factory(self.settings)
+                self._context.dispatcher = self._dispatcher
             return self._context
 
     def built(self) -> WorkerContext | None:

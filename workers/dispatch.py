@@ -1,18 +1,25 @@
-"""Sending draftgen's messages through a Celery app: what the reconciler dispatches."""
+"""Sending draftgen's messages through a Celery app: what the reconciler and finished batch tails send."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from celery import Celery
 
 from workers.queues import FLUSH_TASK, GENERATE_TASK
 
 
+class Dispatcher(Protocol):
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None: ...
+    def flush(self, run: str) -> None: ...
+
+
 class CeleryDispatcher:
     def __init__(self, app: Celery) -> None:
         self._app = app
 
-    def generate(self, run: str, batch_id: str) -> None:
-        self._app.send_task(GENERATE_TASK, args=[run, batch_id])
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
+        self._app.send_task(GENERATE_TASK, args=[run, batch_id], countdown=countdown_s or None)
 
     def flush(self, run: str) -> None:
         self._app.send_task(FLUSH_TASK, args=[run])

@@ -4,6 +4,11 @@ One `GenerationEngine` per worker process owns an event loop thread, one client,
 window (a FIFO semaphore sized to the server's running-request slots). Every batch the worker holds
 feeds the same window, so while one batch's slowest requests finish, the next batch's prompts
 already occupy the freed slots.
+
+`submit_batch` returns a `BatchJob` at once: its `sent` event is set when every prompt of the batch
+has been sent (or settled without a request), its `outcome` when every prompt is settled. A caller
+that only waits for `sent` can take the next batch while this one's long requests finish: with
+reasoning lengths' heavy tail, a batch spends most of its life waiting for one or two of them.
 """
 
 from __future__ import annotations
@@ -160,6 +165,32 @@ class _Job:
     truncation: Truncation
     outcome: BatchOutcome
     still_held: Callable[[], bool] = _always  # False once the batch's lease is gone: send nothing more
+    unsent: int = 0  # prompts whose first request has not been sent yet
+    sent: threading.Event = field(default_factory=threading.Event)
+    sent_ids: set[str] = field(default_factory=set)
+
+    def mark_sent(self, prompt_id: str) -> None:
+        """The prompt's first request went out, or it settled without one. Called on the loop only."""
+        if prompt_id in self.sent_ids:
+            return
+        self.sent_ids.add(prompt_id)
+        self.unsent -= 1
+        if self.unsent <= 0:
+            self.sent.set()
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch at work on the engine's loop."""
+
+    sent: threading.Event  # every prompt has been sent, or settled without a request
+    done: Future[BatchOutcome]
+
+    def wait_sent(self) -> None:
+        self.sent.wait()
+
+    def outcome(self) -> BatchOutcome:
+        return self.done.result()
 
 
 class GenerationEngine:
@@ -252,7 +283,7 @@ class GenerationEngine:
             return "batch lease lost"
         return None
 
-    def run_batch(
+    def submit_batch(
         self,
         run: str,
         prompts: list[Prompt],
@@ -261,19 +292,29 @@ class GenerationEngine:
         truncation: Truncation | None = None,
         *,
         still_held: Callable[[], bool] = _always,
-    ) -> BatchOutcome:
-        """Generate every prompt, handing each result over as soon as it exists. Blocks the caller.
-
-        Prompts left unanswered (server unreachable, worker suspended or stopping, lease lost) are
-        listed in the outcome's `unreachable`, for the batch to be handed back."""
+    ) -> BatchJob:
+        """Start generating a batch on the engine's loop; see `BatchJob`. Each result is handed over as
+        soon as it exists. Prompts left unanswered (server unreachable, worker suspended or stopping,
+        lease lost) are listed in the outcome's `unreachable`, for the batch to be handed back."""
         job = _Job(run, sampling, handover, truncation or Truncation(), BatchOutcome(), still_held)
-        self._call(self._all(job, prompts))
+        job.unsent = len(prompts)
+        if not prompts:
+            job.sent.set()
+        done = asyncio.run_coroutine_threadsafe(self._all(job, prompts), self._loop)
+        done.add_done_callback(lambda _: job.sent.set())  # settled, sent or not
+        return BatchJob(job.sent, done)
+
+    async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
+        await asyncio.gather(*(self._one(job, p) for p in prompts))
         return job.outcome
 
-    async def _all(self, job: _Job, prompts: list[Prompt]) -> None:
-        await asyncio.gather(*(self._one(job, p) for p in prompts))
-
     async def _one(self, job: _Job, prompt: Prompt) -> None:
+        try:
+            await self._generate(job, prompt)
+        finally:
+            job.mark_sent(prompt.id)
+
+    async def _generate(self, job: _Job, prompt: Prompt) -> None:
         completion = await self._attempts(job, prompt, job.sampling, 0)
         while completion is not None and completion.quality is Quality.TRUNCATED_IN_THINKING:
             larger = await self._retry_budget(job, completion)
@@ -401,6 +442,7 @@ class GenerationEngine:
             stop_reason = self._stop_reason(job)
             if stop_reason is not None:
                 raise InferenceUnavailable(f"not sent: {stop_reason}")
+            job.mark_sent(prompt.id)
             task = asyncio.ensure_future(self._client.chat(prompt.messages, sampling, rid))
             self._in_flight.add(task)
             deadline_s = self._deadlines.deadline_s(sampling.max_tokens)

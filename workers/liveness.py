@@ -145,18 +145,30 @@ class ReadyWaiter(Protocol):
     ) -> object: ...
 
 
+def masked_command(command: str) -> str:
+    """The program alone: its arguments may carry a token (a webhook's URL, a bearer header)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return "(an unparsable command)"
+    if not words:
+        return "(an empty command)"
+    return words[0] + (f" … ({len(words) - 1} arguments not shown)" if len(words) > 1 else "")
+
+
 def run_restart_command(command: str, timeout_s: float = RESTART_COMMAND_TIMEOUT_S) -> None:
     """Run the restart command (no shell: split with shlex), logging its exit status and output."""
-    log.warning("LIVENESS: restarting the server: %s", command)
+    shown = masked_command(command)
+    log.warning("LIVENESS: restarting the server: %s", shown)
     try:
         done = subprocess.run(
             shlex.split(command), capture_output=True, text=True, timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
-        log.error("LIVENESS: the restart command did not finish within %.0f s: %s", timeout_s, command)
+        log.error("LIVENESS: the restart command did not finish within %.0f s: %s", timeout_s, shown)
         return
     except (OSError, ValueError) as error:
-        log.error("LIVENESS: the restart command could not run: %s: %s", command, error)
+        log.error("LIVENESS: the restart command could not run: %s: %s", shown, error)
         return
     output = (done.stdout + done.stderr).strip()[-RESTART_OUTPUT_LOG_CHARS:] or "(no output)"
     level = logging.WARNING if done.returncode == 0 else logging.ERROR
@@ -206,7 +218,7 @@ class LivenessWatcher:
             self._poll_s,
             judge.stall_s,
             judge.completion_stall_s,
-            self._restart_command or "none",
+            masked_command(self._restart_command) if self._restart_command else "none",
         )
         self._thread.start()
         return self

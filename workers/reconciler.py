@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
 
 import redis
 
+from workers.dispatch import Dispatcher
 from workers.keys import KEY_PREFIX, RUNS_KEY, RunKeys
 from workers.kombu_layout import drop_unacked_of_batches, waiting_generate_batches
 from workers.leases import decode_holder
@@ -39,11 +39,6 @@ DEFAULT_STRANDED_GRACE_S = 60.0
 DEFAULT_MAX_SCANNED_MESSAGES = 5_000  # about 160,000 prompts of 32: a few MB to read
 RECONCILER_LOCK_KEY = f"{KEY_PREFIX}:reconciler"
 MS_PER_S = 1000
-
-
-class Dispatcher(Protocol):
-    def generate(self, run: str, batch_id: str) -> None: ...
-    def flush(self, run: str) -> None: ...
 
 
 @dataclass(frozen=True)

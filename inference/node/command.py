@@ -11,6 +11,7 @@ asking Hugging Face (`sglang/cli/serve.py`, `sglang/cli/utils.py`). `--model-typ
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ MAX_RUNNING_REQUESTS = "--max-running-requests"
 MEM_FRACTION_STATIC = "--mem-fraction-static"
 ENABLE_METRICS = "--enable-metrics"
 API_KEY = "--api-key"
+CONFIG = "--config"  # SGLang merges this YAML file's keys into its flags, in its own process
+SECRETS_FILE_SUFFIX = ".secrets.yaml"
 SPECULATIVE_ALGORITHM = "--speculative-algorithm"
 SPECULATIVE_NUM_STEPS = "--speculative-num-steps"
 SPECULATIVE_EAGLE_TOPK = "--speculative-eagle-topk"
@@ -66,6 +69,18 @@ SECRET_FLAGS = frozenset({API_KEY, "--admin-api-key", "--ssl-keyfile-password"})
 
 
 @dataclass(frozen=True)
+class SecretsFile:
+    """Flags that must not show in `ps`: written (mode 0600) just before the server starts, and given
+    to SGLang as `--config PATH`, whose YAML keys it turns into flags inside its own process."""
+
+    path: Path
+    values: Mapping[str, str]  # YAML key (the flag's dest, e.g. api_key) -> value
+
+    def content(self) -> str:
+        return "".join(f"{key}: {json.dumps(value)}\n" for key, value in self.values.items())
+
+
+@dataclass(frozen=True)
 class ServerCommand:
     """One server: its argv, the variables set on top of the inherited environment, its log and URL."""
 
@@ -74,6 +89,7 @@ class ServerCommand:
     env: Mapping[str, str]
     log_path: Path
     url: str
+    secrets_file: SecretsFile | None = None
 
     def render(self) -> str:
         """A shell line that runs exactly this, with secrets masked."""
@@ -83,7 +99,7 @@ class ServerCommand:
 
     def secrets(self) -> list[str]:
         """The values of secret flags, to mask wherever this server's output is shown."""
-        found = []
+        found = list(self.secrets_file.values.values()) if self.secrets_file else []
         for index, arg in enumerate(self.argv):
             name, equals, value = arg.partition("=")
             if equals and name in SECRET_FLAGS:
@@ -116,10 +132,19 @@ def sglang_flags(settings: ServeSettings, gpu: int) -> list[str]:
         ]  # fmt: skip
         if speculative.draft_model_path is not None:
             flags += [SPECULATIVE_DRAFT_MODEL_PATH, speculative.draft_model_path]
-    if settings.api_key is not None:
-        flags += [API_KEY, settings.api_key]
-    check_extra_args(settings.extra_args)
+    secrets = secrets_file(settings, gpu)
+    if secrets is not None:
+        flags += [CONFIG, str(secrets.path)]
+    check_extra_args(settings.extra_args, secrets_file=secrets is not None)
     return flags + list(settings.extra_args)
+
+
+def secrets_file(settings: ServeSettings, gpu: int) -> SecretsFile | None:
+    """The API key travels in a file beside the server's log, never on its command line."""
+    if settings.api_key is None:
+        return None
+    log_path = settings.log_path_for(gpu)
+    return SecretsFile(log_path.with_name(log_path.stem + SECRETS_FILE_SUFFIX), {"api_key": settings.api_key})
 
 
 def build_command(settings: ServeSettings, gpu: int) -> ServerCommand:
@@ -129,6 +154,7 @@ def build_command(settings: ServeSettings, gpu: int) -> ServerCommand:
         env={GPU_ENV_VAR: str(gpu)},
         log_path=settings.log_path_for(gpu),
         url=settings.url_for(gpu),
+        secrets_file=secrets_file(settings, gpu),
     )
 
 
@@ -136,10 +162,15 @@ def build_commands(settings: ServeSettings) -> list[ServerCommand]:
     return [build_command(settings, gpu) for gpu in settings.gpus]
 
 
-def check_extra_args(extra_args: tuple[str, ...]) -> None:
+def check_extra_args(extra_args: tuple[str, ...], *, secrets_file: bool = False) -> None:
     """Refuse pass-through flags that would override a managed one (argparse lets the last one win)."""
     for arg in extra_args:
         name = arg.split("=", 1)[0]
+        if secrets_file and name == CONFIG:
+            raise SettingsError(
+                f"{CONFIG} after '--': serve gives SGLang the API key through its own {CONFIG} file "
+                "(one is allowed); pass those settings as flags after '--' instead"
+            )
         if name in MANAGED_FLAGS:
             raise SettingsError(
                 f"{name} after '--' would override the value serve sets itself; "

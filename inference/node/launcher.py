@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import IO
 
 from inference.node.command import ServerCommand
@@ -36,6 +37,7 @@ from inference.node.settings import DEFAULT_READY_TIMEOUT_S
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0
+PRIVATE_FILE_MODE = 0o600
 """SGLang tears down its scheduler processes on SIGTERM; systemd's TimeoutStopSec is set above this."""
 PROCESS_POLL_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -85,6 +87,8 @@ class Fleet:
 
     def _start_one(self, command: ServerCommand) -> _Server:
         command.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if command.secrets_file is not None:
+            write_private(command.secrets_file.path, command.secrets_file.content())
         log = command.log_path.open("ab")
         started = datetime.now(UTC).isoformat(timespec="seconds")
         log.write(f"=== draftgen serve {started}: {command.render()}\n".encode())
@@ -141,6 +145,14 @@ class Fleet:
             _send(server.process.pid, signal.SIGKILL, group=True)
             server.process.wait()
             server.log.close()
+
+
+def write_private(path: Path, text: str) -> None:
+    """A file only its owner can read, whatever the umask, even if it existed before."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with os.fdopen(descriptor, "w") as handle:
+        os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
+        handle.write(text)
 
 
 def _send(pid: int, signum: int, *, group: bool) -> None:

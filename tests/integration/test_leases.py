@@ -37,7 +37,7 @@ class RecordingDispatcher:
         self.generated: list[tuple[str, str]] = []
         self.flushed: list[str] = []
 
-    def generate(self, run: str, batch_id: str) -> None:
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
         self.generated.append((run, batch_id))
 
     def flush(self, run: str) -> None:

@@ -5,6 +5,7 @@ A fake `sglang` executable stands in for SGLang: it logs its argv and GPU and ru
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -177,3 +178,37 @@ def test_systemd_is_told_when_every_server_generates(tmp_path: Path) -> None:
         # Then systemd receives it; and outside systemd nothing is sent
         assert systemd.recv(64) == b"READY=1"
     assert not notify_systemd("READY=1", {})
+
+
+def test_the_api_key_reaches_the_server_in_a_file_only_its_owner_reads(
+    fake_sglang: Path, tmp_path: Path, wait_for: Callable[..., None]
+) -> None:
+    # Given a key and a permissive umask
+    logs = tmp_path / "logs"
+    settings = dataclasses.replace(settings_for(fake_sglang, logs, gpus=(0,)), api_key="sk-secret")
+    commands = build_commands(settings)
+    stop = StopRequest()
+    previous = os.umask(0o022)
+    try:
+        runner = threading.Thread(
+            target=run_fleet,
+            args=(commands,),
+            kwargs={
+                "stop": stop,
+                "wait_ready": False,
+                "poll_interval_s": FAST_POLL_S,
+                "stop_grace_s": SHORT_GRACE_S,
+            },
+        )
+        runner.start()
+        wait_for(lambda: "fake sglang running" in log_of(logs, 0), "the server to start")
+    finally:
+        os.umask(previous)
+        stop.request(signal.SIGTERM)
+        runner.join(JOIN_TIMEOUT_S)
+    # Then its command line (what `ps` shows) names a file, and the file is the owner's alone
+    secrets = commands[0].secrets_file
+    assert secrets is not None and "sk-secret" not in log_of(logs, 0)
+    assert f"--config {secrets.path}" in log_of(logs, 0)
+    assert secrets.path.stat().st_mode & 0o777 == 0o600
+    assert secrets.path.read_text() == 'api_key: "sk-secret"\n'

@@ -77,13 +77,13 @@ def test_a_budget_retry_against_the_simulator_stops_at_what_its_context_leaves_a
     recorder = Recorder()
     try:
         # When a run retrying truncated thinking generates a prompt
-        outcome = engine.run_batch(
+        outcome = engine.submit_batch(
             "r",
             [prompt("long")],
             SamplingSettings(max_tokens=FIRST_BUDGET),
             recorder,
             Truncation(TruncationPolicy.RETRY, DEFAULT_RETRY_MAX_TOKENS_CAP),
-        )
+        ).outcome()
     finally:
         engine.close()
     # Then the budget doubled once, then took what the context leaves, and the server took it

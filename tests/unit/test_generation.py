@@ -171,7 +171,9 @@ def run_in_thread(
     result: list[BatchOutcome] = []
     prompts = [prompt(i) for i in ids]
     thread = threading.Thread(
-        target=lambda: result.append(engine.run_batch("r", prompts, SamplingSettings(), recorder))
+        target=lambda: result.append(
+            engine.submit_batch("r", prompts, SamplingSettings(), recorder).outcome()
+        )
     )
     thread.start()
     return thread, result
@@ -209,7 +211,9 @@ def test_a_rejected_prompt_is_dead_lettered_at_once_and_its_batch_completes(
     server.failures["bad"] = [InferenceRejected("HTTP 400: too long", status=400)]
     server.releaser("good").set()
     recorder = Recorder()
-    outcome = engine.run_batch("r", [prompt("bad", row=7), prompt("good")], SamplingSettings(), recorder)
+    outcome = engine.submit_batch(
+        "r", [prompt("bad", row=7), prompt("good")], SamplingSettings(), recorder
+    ).outcome()
     assert (outcome.staged, outcome.dead_lettered) == (1, 1)
     (letter,) = recorder.dead
     assert (letter.prompt_id, letter.row, letter.reason, letter.attempts) == ("bad", 7, REASON_REJECTED, 1)
@@ -221,7 +225,7 @@ def test_a_prompt_that_errors_every_attempt_is_dead_lettered_with_the_error(
 ) -> None:
     server.failures["flaky"] = [InferenceUnavailable("HTTP 500: boom", status=500) for _ in range(3)]
     recorder = Recorder()
-    outcome = engine.run_batch("r", [prompt("flaky")], SamplingSettings(), recorder)
+    outcome = engine.submit_batch("r", [prompt("flaky")], SamplingSettings(), recorder).outcome()
     assert outcome.dead_lettered == 1
     assert (recorder.dead[0].reason, recorder.dead[0].attempts) == (REASON_EXHAUSTED, 3)
     assert "boom" in recorder.dead[0].error
@@ -233,7 +237,7 @@ def test_a_prompt_that_recovers_on_retry_is_staged_with_its_attempt_number(
     server.failures["flaky"] = [InferenceUnavailable("HTTP 503: busy", status=503)]
     server.releaser("flaky").set()
     recorder = Recorder()
-    engine.run_batch("r", [prompt("flaky")], SamplingSettings(), recorder)
+    engine.submit_batch("r", [prompt("flaky")], SamplingSettings(), recorder).outcome()
     assert [c.attempt for c in recorder.staged] == [2]
 
 
@@ -242,7 +246,7 @@ def test_an_unreachable_server_leaves_prompts_pending_instead_of_dead_lettering_
 ) -> None:
     server.failures["p"] = [InferenceUnavailable("refused") for _ in range(3)]
     recorder = Recorder()
-    outcome = engine.run_batch("r", [prompt("p")], SamplingSettings(), recorder)
+    outcome = engine.submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
     assert outcome.unreachable == ["p"]
     assert recorder.dead == [] and recorder.staged == []
 
@@ -265,7 +269,7 @@ def test_suspending_abandons_requests_in_flight_and_returns_their_prompts(
     # And after resuming, work flows again
     engine.resume()
     server.releaser("h1").set()
-    outcome = engine.run_batch("r", [prompt("h1")], SamplingSettings(), recorder)
+    outcome = engine.submit_batch("r", [prompt("h1")], SamplingSettings(), recorder).outcome()
     assert outcome.staged == 1
 
 
@@ -278,8 +282,12 @@ def test_a_budget_retry_never_asks_for_more_than_the_server_s_context_leaves(
     thinks_forever(server, "long")
     recorder = Recorder()
     # When a prompt thinks past every budget
-    outcome = engine_for(server).run_batch(
-        "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+    outcome = (
+        engine_for(server)
+        .submit_batch(
+            "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+        )
+        .outcome()
     )
     # Then the retry asks for what the context leaves after the prompt, not double, and stops there
     fits = CONTEXT_TOKENS - PROMPT_TOKENS - CONTEXT_HEADROOM_TOKENS
@@ -303,8 +311,12 @@ def test_a_refused_budget_retry_keeps_the_completion_it_had(
     recorder = Recorder()
     # When the first budget retry is answered (still cut off) and the second one is refused
     first_budget = RUN_BUDGET // 2
-    outcome = engine_for(server).run_batch(
-        "r", [prompt("long")], SamplingSettings(max_tokens=first_budget), recorder, RETRY_TRUNCATED
+    outcome = (
+        engine_for(server)
+        .submit_batch(
+            "r", [prompt("long")], SamplingSettings(max_tokens=first_budget), recorder, RETRY_TRUNCATED
+        )
+        .outcome()
     )
     assert server.budgets["long"] == [first_budget, RUN_BUDGET, 2 * RUN_BUDGET]
     # Then the completion of the last budget answered is staged, saying which budget and retry made it
@@ -337,8 +349,12 @@ def test_a_budget_retry_that_fails_every_attempt_keeps_the_completion_it_had(
     server = FailsAboveBudget(budget=RUN_BUDGET)
     thinks_forever(server, "long")
     recorder = Recorder()
-    outcome = engine_for(server).run_batch(
-        "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+    outcome = (
+        engine_for(server)
+        .submit_batch(
+            "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
+        )
+        .outcome()
     )
     # Then the truncated completion is staged, not dead-lettered, and the batch is not handed back
     assert (outcome.staged, outcome.dead_lettered, outcome.unreachable) == (1, 0, [])
@@ -351,8 +367,10 @@ def test_a_refusal_on_the_first_attempt_still_dead_letters_under_the_retry_polic
     server = StatingServer(stated_context=CONTEXT_TOKENS)
     server.failures["bad"] = [InferenceRejected("HTTP 400: too long", status=400)]
     recorder = Recorder()
-    outcome = engine_for(server).run_batch(
-        "r", [prompt("bad")], SamplingSettings(), recorder, RETRY_TRUNCATED
+    outcome = (
+        engine_for(server)
+        .submit_batch("r", [prompt("bad")], SamplingSettings(), recorder, RETRY_TRUNCATED)
+        .outcome()
     )
     assert (outcome.staged, outcome.dead_lettered) == (0, 1)
     assert recorder.dead[0].reason == REASON_REJECTED
@@ -366,9 +384,9 @@ def test_a_server_that_does_not_state_its_context_is_capped_only_by_the_configur
         thinks_forever(server, "long")
         recorder = Recorder()
         # When a prompt thinks past every budget
-        engine_for(server).run_batch(
+        engine_for(server).submit_batch(
             "r", [prompt("long")], SamplingSettings(max_tokens=RUN_BUDGET), recorder, RETRY_TRUNCATED
-        )
+        ).outcome()
         # Then the budget doubles up to the cap, and the cap's completion is kept
         assert server.budgets["long"] == [RUN_BUDGET, 2 * RUN_BUDGET, DEFAULT_RETRY_MAX_TOKENS_CAP]
         (kept,) = recorder.staged
@@ -382,12 +400,14 @@ def test_the_server_s_context_is_asked_once_and_only_when_a_retry_is_on_the_tabl
     engine = engine_for(server)
     # A batch that is never cut off does not ask
     server.releaser("short").set()
-    engine.run_batch("r", [prompt("short")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
+    engine.submit_batch("r", [prompt("short")], SamplingSettings(), Recorder(), RETRY_TRUNCATED).outcome()
     assert server.context_lookups == 0
     # Batches cut off ask once, and every later retry uses the answer
     thinks_forever(server, "a", "b", "c")
-    engine.run_batch("r", [prompt("a"), prompt("b")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
-    engine.run_batch("r", [prompt("c")], SamplingSettings(), Recorder(), RETRY_TRUNCATED)
+    engine.submit_batch(
+        "r", [prompt("a"), prompt("b")], SamplingSettings(), Recorder(), RETRY_TRUNCATED
+    ).outcome()
+    engine.submit_batch("r", [prompt("c")], SamplingSettings(), Recorder(), RETRY_TRUNCATED).outcome()
     assert server.context_lookups == 1
 
 
@@ -398,3 +418,21 @@ def test_a_retry_that_would_not_grow_the_budget_is_not_made() -> None:
     )
     assert RETRY_TRUNCATED.next_budget(DEFAULT_RETRY_MAX_TOKENS_CAP) is None
     assert Truncation(TruncationPolicy.KEEP).next_budget(RUN_BUDGET, context_length=CONTEXT_TOKENS) is None
+
+
+def test_a_batch_says_it_is_sent_once_its_last_prompt_is_at_the_server_long_before_it_is_done(
+    engine: GenerationEngine, server: FakeServer
+) -> None:
+    # Given a batch of six prompts and a window of four
+    job = engine.submit_batch("r", [prompt(f"p{i}") for i in range(6)], SamplingSettings(), Recorder())
+    wait_for(lambda: len(server.started) == WINDOW, "the window to fill")
+    assert not job.sent.is_set()  # two prompts still wait for a slot
+    # When two requests finish, the last two prompts take their slots
+    for prompt_id in ("p0", "p1"):
+        server.releaser(prompt_id).set()
+    # Then the batch is sent while four of its requests still run, and done only when they end
+    assert job.sent.wait(WAIT_S)
+    assert not job.done.done()
+    for prompt_id in ("p2", "p3", "p4", "p5"):
+        server.releaser(prompt_id).set()
+    assert job.outcome().staged == 6

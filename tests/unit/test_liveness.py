@@ -3,6 +3,7 @@ watcher does on a hang, with a fake server, engine and queue (no thread, no slee
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -12,7 +13,7 @@ from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
 from inference.node.errors import ServerNotReady
 from inference.node.readiness import ReadinessTarget
-from workers.liveness import Liveness, LivenessJudge, LivenessWatcher, Verdict
+from workers.liveness import Liveness, LivenessJudge, LivenessWatcher, Verdict, run_restart_command
 from workers.settings import WorkerSettings
 
 STALL_S = 300.0
@@ -423,3 +424,11 @@ def test_metrics_that_are_not_enabled_are_reported_once_and_never_stop_the_worke
     assert test.journal.events == []
     refusals = [r for r in caplog.records if "--enable-metrics" in r.getMessage()]
     assert len(refusals) == 1
+
+
+def test_the_restart_command_is_logged_without_its_arguments(caplog: pytest.LogCaptureFixture) -> None:
+    secret_command = "curl -H 'Authorization: Bearer s3cr3t' https://ops.example/restart"
+    with caplog.at_level(logging.WARNING):
+        run_restart_command(secret_command.replace("curl", "/nonexistent/curl"), timeout_s=5)
+    assert "s3cr3t" not in caplog.text
+    assert "/nonexistent/curl … (3 arguments not shown)" in caplog.text

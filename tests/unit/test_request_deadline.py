@@ -77,8 +77,8 @@ def test_a_request_hung_past_its_deadline_is_abandoned_and_tried_again() -> None
         recorder = Recorder()
         sampling = SamplingSettings(max_tokens=BUDGET)
         warm_up = [prompt(f"p{i}") for i in range(MIN_RATES)]
-        engine.run_batch("r", warm_up, sampling, recorder)
-        outcome = engine.run_batch("r", [prompt("hung")], sampling, recorder)
+        engine.submit_batch("r", warm_up, sampling, recorder).outcome()
+        outcome = engine.submit_batch("r", [prompt("hung")], sampling, recorder).outcome()
     finally:
         engine.close()
     assert (outcome.staged, outcome.dead_lettered, outcome.unreachable) == (1, 0, [])
