@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import redis
 from rich.console import Console
@@ -44,6 +46,20 @@ PROGRESS_POLL_S = 0.5
 DEMO_WORKER_ENV = {"DRAFTGEN_UPLOAD_MAX_AGE_S": "5", "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100"}
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_STOPPED_BY_SIGNAL_BASE = 128  # the shell's convention: 128 + the signal's number
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class DemoStopped(Exception):
+    """A stop signal arrived: the stack comes down as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    raise DemoStopped(signum)
 
 
 def port_or_free(preferred: int) -> int:
@@ -124,13 +140,28 @@ def wait_for_run(client: redis.Redis, run: str, console: Console) -> None:
 
 
 def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    console = Console(soft_wrap=True)
+    previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS}
+    try:
+        return _demo(args, console)
+    except DemoStopped as stopped:
+        console.print(f"\n{stopped}: everything the demo started is stopped")
+        return EXIT_STOPPED_BY_SIGNAL_BASE + stopped.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _demo(args: argparse.Namespace, console: Console) -> int:
     from producer.cli import main as producer_main  # the real commands, as a user would type them
 
-    console = Console(soft_wrap=True)
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
-        console.print(f"\n$ python -m producer enqueue {args.data} --run {run} --output {output}")
+        console.print(
+            f"\n$ python -m producer --redis-url {redis_url} enqueue {args.data} --run {run} "
+            f"--output {output}"
+        )
         enqueue_args = [
             "--redis-url",
             redis_url,
@@ -144,18 +175,21 @@ def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
         if producer_main(enqueue_args) != 0:
             return EXIT_FAILED
         wait_for_run(redis.Redis.from_url(redis_url), run, console)
-        console.print(f"\n$ python -m producer verify --run {run}")
+        console.print(f"\n$ python -m producer --redis-url {redis_url} verify --run {run}")
         verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
         console.print(
             f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
-            f"         python -m producer --redis-url {redis_url} files --run {run}\n"
-            "         (the objects to read; needs the demo's Redis, so before Ctrl-C)\n"
-            f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
+            f"         python -m producer report --run {run} --store {output}\n"
+            f"         python -m producer export --run {run} --output {output} --format sharegpt --to DIR\n"
             f"Logs:    {stack.workdir / 'logs'}"
         )
         if args.exit:
             return EXIT_OK if verified == 0 else EXIT_FAILED
-        console.print("\nEverything is still running so you can look around. Press Ctrl-C to stop.")
+        console.print(
+            f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
+            f"         python -m producer --redis-url {redis_url} status --run {run}\n"
+            "\nEverything is still running so you can look around. Press Ctrl-C to stop."
+        )
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(1)

@@ -63,10 +63,26 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
 
+DEFAULT_FILE_MODE = 0o666  # what open() asks for; the umask takes away from it
+PROC_STATUS = Path("/proc/self/status")
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (os.umask can only swap it)."""
+    with contextlib.suppress(OSError):
+        for line in PROC_STATUS.read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class FolderStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = root.as_uri()
+        self.file_mode = DEFAULT_FILE_MODE & ~current_umask()
 
     def _path(self, key: str) -> Path:
         if not stays_inside(key):
@@ -76,29 +92,35 @@ class FolderStore:
     def _prefix_path(self, prefix: str) -> Path:
         return self.root if not prefix.rstrip("/") else self._path(prefix.rstrip("/"))
 
-    def _write_temp(self, key: str, data: bytes) -> Path:
+    def _open_temp(self, key: str) -> tuple[int, Path]:
+        """A temporary file beside `key`'s path, with the mode a plain `open` would give it.
+
+        mkstemp makes files 0600; the objects of a run are meant for whoever may read the folder."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        os.fchmod(fd, self.file_mode)
+        return fd, Path(temp)
+
+    def _write_temp(self, key: str, data: bytes) -> Path:
+        fd, temp = self._open_temp(key)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        return Path(temp)
+        return temp
 
     def put(self, key: str, data: bytes) -> None:
         os.replace(self._write_temp(key, data), self._path(key))
 
     def put_file(self, key: str, path: Path) -> None:
         """The file's content under `key`, appearing whole or not at all."""
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        fd, temp = self._open_temp(key)
         with os.fdopen(fd, "wb") as handle, path.open("rb") as source:
             shutil.copyfileobj(source, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, target)
+        os.replace(temp, self._path(key))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         temp = self._write_temp(key, data)

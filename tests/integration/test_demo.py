@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,67 @@ def test_the_local_demo_runs_the_sample_end_to_end_and_verifies(tmp_path: Path) 
     assert "new                 300 prompts" in result.stdout
     assert "OK: every prompt committed exactly once or dead-lettered" in result.stdout
     assert list((tmp_path / "demo" / "output").glob("demo-*/manifest/part-*.json"))  # one output per run
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, read from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_to_a_waiting_demo_stops_everything_it_started(tmp_path: Path) -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "producer",
+            "demo",
+            "--workdir",
+            str(tmp_path / "demo"),
+            "--redis-port",
+            str(free_port()),
+            "--flower-port",
+            str(free_port()),
+            "--speedup",
+            "100",
+        ],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert demo.stdout is not None
+    seen = []
+    for line in demo.stdout:
+        seen.append(line)
+        if "Press Ctrl-C to stop" in line:
+            break
+    else:
+        pytest.fail("the demo ended before waiting:\n" + "".join(seen))
+    started = descendants(demo.pid)
+    assert len(started) >= 6  # redis, two simulators, two generate workers, the uploader, Flower
+    demo.send_signal(signal.SIGTERM)
+    rest, _ = demo.communicate(timeout=DEMO_TIMEOUT_S)
+    assert demo.returncode == 128 + signal.SIGTERM
+    assert "everything the demo started is stopped" in rest
+    assert not [pid for pid in started if alive(pid)]

@@ -1,0 +1,53 @@
+"""Objects written into an output folder get the permissions the user's umask gives any new file."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from workers.storage import FolderStore
+
+GROUP_READABLE_UMASK = 0o022
+PRIVATE_UMASK = 0o077
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    previous = os.umask(GROUP_READABLE_UMASK)
+    yield
+    os.umask(previous)
+
+
+def mode_of(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_objects_put_whole_are_readable_by_others_under_a_022_umask(tmp_path: Path, umask_022: None) -> None:
+    store = FolderStore(tmp_path)
+    store.put("run.json", b"{}")
+    assert mode_of(tmp_path / "run.json") == 0o644
+
+
+def test_objects_put_only_if_absent_and_copied_files_get_the_same_mode(
+    tmp_path: Path, umask_022: None
+) -> None:
+    store = FolderStore(tmp_path)
+    assert store.put_if_absent("manifest/00000.json", b"{}")
+    source = tmp_path / "part.parquet"
+    source.write_bytes(b"rows")
+    store.put_file("data/part-0.parquet", source)
+    assert mode_of(tmp_path / "manifest" / "00000.json") == 0o644
+    assert mode_of(tmp_path / "data" / "part-0.parquet") == 0o644
+
+
+def test_a_private_umask_keeps_objects_private(tmp_path: Path) -> None:
+    previous = os.umask(PRIVATE_UMASK)
+    try:
+        store = FolderStore(tmp_path)
+    finally:
+        os.umask(previous)
+    store.put("run.json", b"{}")
+    assert mode_of(tmp_path / "run.json") == 0o600
