@@ -3,7 +3,12 @@
 Reports wall time, the producer's peak memory at 100k and at the full count (flat means streamed),
 and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed).
 
-    .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000]
+    .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts]
+
+The default prompts are short (15-45 words of a 13-word vocabulary, ~150 bytes), which shows the
+per-prompt overhead. `--long-prompts` draws 100-600 words from 5,000 made-up words (~2.4 KB, about as
+compressible as prose), the size of a reasoning dataset's problem statements: Redis then holds mostly
+the compressed text.
 
 Last line: enqueue_1m_s=<seconds for the full count, scaled to 1M rows if --rows differs>.
 """
@@ -46,15 +51,30 @@ WORDS = (
     "code",
 )
 TIME_BIN = "/usr/bin/time"
+SHORT_PROMPT_WORDS = (15, 45)
+LONG_PROMPT_WORDS = (100, 600)
+LONG_VOCABULARY_WORDS = 5000
+LONG_WORD_LETTERS = (2, 9)
+LETTERS = "etaoinshrdlucmfwypvbgkjqxz"  # English letter frequency order, weighted below
 
 
-def write_dataset(path: Path, rows: int) -> int:
-    """A JSONL of varied prompts (~200 bytes each); returns the raw bytes of all prompt texts."""
+def long_vocabulary(rng: random.Random) -> tuple[str, ...]:
+    weights = [len(LETTERS) - rank for rank in range(len(LETTERS))]
+    return tuple(
+        "".join(rng.choices(LETTERS, weights=weights, k=rng.randint(*LONG_WORD_LETTERS)))
+        for _ in range(LONG_VOCABULARY_WORDS)
+    )
+
+
+def write_dataset(path: Path, rows: int, long_prompts: bool) -> int:
+    """A JSONL of varied prompts; returns the raw bytes of all prompt texts."""
     rng = random.Random(0)
+    vocabulary = long_vocabulary(rng) if long_prompts else WORDS
+    words = LONG_PROMPT_WORDS if long_prompts else SHORT_PROMPT_WORDS
     raw = 0
     with path.open("w") as handle:
         for i in range(rows):
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(15, 45)))
+            text = " ".join(rng.choices(vocabulary, k=rng.randint(*words)))
             raw += len(text.encode())
             handle.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": text}]}) + "\n")
     return raw
@@ -89,12 +109,13 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, default=ONE_MILLION)
+    parser.add_argument("--long-prompts", action="store_true", help="~2.4 KB prompts instead of ~150 B")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         small, full = root / "small.jsonl", root / "full.jsonl"
-        write_dataset(small, min(SMALL_ROWS, args.rows))
-        raw_bytes = write_dataset(full, args.rows)
+        write_dataset(small, min(SMALL_ROWS, args.rows), args.long_prompts)
+        raw_bytes = write_dataset(full, args.rows, args.long_prompts)
         process = start_redis(free_port(), root / "redis", root)
         port = process.argv[process.argv.index("--port") + 1]
         redis_url = f"redis://127.0.0.1:{port}/0"
