@@ -126,6 +126,21 @@ def _usage(response: Any) -> Usage:
     )
 
 
+def why_no_answer(error: BaseException) -> str:
+    """What really happened, from the innermost cause: the aiohttp transport reports a refused
+    connection as httpx.ConnectTimeout, and openai then as APITimeoutError('Request timed out.')."""
+    innermost = error
+    while (cause := innermost.__cause__ or innermost.__context__) is not None:
+        innermost = cause
+    if isinstance(innermost, ConnectionRefusedError):
+        return "connection refused (is the server up and on this port?)"
+    if isinstance(innermost, ConnectionResetError):
+        return "the connection was reset"
+    if isinstance(innermost, TimeoutError | httpx.TimeoutException | openai.APITimeoutError):
+        return "timed out"
+    return f"{type(innermost).__name__}: {innermost}"
+
+
 class SGLangClient:
     """An async client for one server. One instance per worker process, shared by all batches."""
 
@@ -155,7 +170,7 @@ class SGLangClient:
                 raise InferenceUnavailable(text, status=status) from error
             raise InferenceRejected(text, status=status) from error
         except (openai.APIConnectionError, httpx.TransportError) as error:
-            raise InferenceUnavailable(f"no answer from {self.settings.server_url}: {error!r}") from error
+            raise self._no_answer(error) from error
         if not response.choices:
             raise InferenceUnavailable("the server answered without a choice", status=httpx.codes.OK)
         choice = response.choices[0]
@@ -185,12 +200,15 @@ class SGLangClient:
                 raise InferenceUnavailable(f"HTTP {status}: {error_message(error)}", status=status) from error
             return None
         except (openai.APIConnectionError, httpx.TransportError) as error:
-            raise InferenceUnavailable(f"no answer from {self.settings.server_url}: {error!r}") from error
+            raise self._no_answer(error) from error
         for model in getattr(page, "data", None) or []:
             stated = _extra(model, "max_model_len")
             if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
                 return stated
         return None
+
+    def _no_answer(self, error: BaseException) -> InferenceUnavailable:
+        return InferenceUnavailable(f"no answer from {self.settings.server_url}: {why_no_answer(error)}")
 
     async def close(self) -> None:
         await self._openai.close()

@@ -10,7 +10,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from producer.status import GpuRow, RunStatus
+from producer.status import GpuRow, Rates, RunStatus
 
 PROGRESS_BAR_WIDTH = 40
 SECONDS_PER_MINUTE = 60
@@ -20,6 +20,9 @@ BYTES_PER_KIB = 1024.0
 HEALTHY_STATUS = 200
 UNKNOWN = "unknown"
 ABSENT = "–"
+TOO_EARLY = "too early"
+GPU_TABLE_PADDING = (0, 0, 0, 1)  # top, right, bottom, left: two spaces between columns, so 80 fit them all
+MIN_RATED_WINDOW_S = 10.0  # completions land together; over a shorter span their rate means nothing
 STATE_STYLES = {"paused": "bold red", "finished": "bold green", "running": "bold cyan"}
 
 
@@ -77,6 +80,11 @@ def _progress(status: RunStatus) -> RenderableType:
     return Group(line, details)
 
 
+def _rate(rates: Rates, per_s: float, decimals: int) -> str:
+    """A rate over a few seconds is noise (5 completions landing together read as 70,000 tokens/s)."""
+    return f"{per_s:,.{decimals}f}" if rates.window_s >= MIN_RATED_WINDOW_S else TOO_EARLY
+
+
 def _throughput(status: RunStatus) -> RenderableType:
     throughput = status.throughput
     recent, whole = throughput.last_minute, throughput.whole_run
@@ -84,9 +92,13 @@ def _throughput(status: RunStatus) -> RenderableType:
     table.add_column("")
     table.add_column(f"last {recent.window_s:.0f} s", justify="right")
     table.add_column(f"whole run ({duration(whole.window_s)})", justify="right")
-    table.add_row("completions/s", f"{recent.completions_per_s:,.2f}", f"{whole.completions_per_s:,.2f}")
     table.add_row(
-        "output tokens/s", f"{recent.output_tokens_per_s:,.0f}", f"{whole.output_tokens_per_s:,.0f}"
+        "completions/s", _rate(recent, recent.completions_per_s, 2), _rate(whole, whole.completions_per_s, 2)
+    )
+    table.add_row(
+        "output tokens/s",
+        _rate(recent, recent.output_tokens_per_s, 0),
+        _rate(whole, whole.output_tokens_per_s, 0),
     )
     table.add_row("completions", f"{recent.completions:,}", f"{whole.completions:,}")
     mean = throughput.mean_output_tokens
@@ -124,18 +136,10 @@ def _health(row: GpuRow) -> Text:
 def _gpus(status: RunStatus) -> RenderableType:
     if not status.gpus:
         return Text("no GPU has reported yet (no completion and no live worker heartbeat)")
-    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
-    for title in (
-        "GPU",
-        "tokens/s",
-        "done/min",
-        "in flight",
-        "accept len",
-        "/health",
-        "suspended",
-        "heartbeat",
-    ):
-        table.add_column(title, justify="left" if title == "GPU" else "right")
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False, padding=GPU_TABLE_PADDING)
+    table.add_column("GPU", overflow="fold")  # the figures keep their width; a long worker name folds
+    for title in ("tokens/s", "done/min", "in flight", "accept", "/health", "suspended", "heartbeat"):
+        table.add_column(title, justify="right", no_wrap=True)
     for row in status.gpus:
         in_flight = f"{row.in_flight}/{row.max_in_flight}" if row.in_flight is not None else ABSENT
         table.add_row(
@@ -148,9 +152,7 @@ def _gpus(status: RunStatus) -> RenderableType:
             Text("yes", style="bold red")
             if row.suspended
             else ("no" if row.suspended is not None else ABSENT),
-            f"{duration(row.heartbeat_age_s)} ago"
-            if row.heartbeat_age_s is not None
-            else "none (worker gone?)",
+            f"{duration(row.heartbeat_age_s)} ago" if row.heartbeat_age_s is not None else "none",
         )
     return table
 

@@ -277,9 +277,9 @@ def test_durations_and_sizes_read_naturally() -> None:
     assert [size(n) for n in (512, 2048, 5 * 1024**3)] == ["512 B", "2.0 KiB", "5.0 GiB"]
 
 
-def test_the_view_renders_a_paused_young_run_with_unknown_eta() -> None:
-    rates = rates_over(3, 6_000, 4.0)
-    status = RunStatus(
+def paused_young_status(rates: Rates) -> RunStatus:
+    """A run paused by the gate 4 s after its first completion, on one GPU."""
+    return RunStatus(
         run="demo",
         now=START_S + 4,
         state=STATE_PAUSED,
@@ -324,9 +324,36 @@ def test_the_view_renders_a_paused_young_run_with_unknown_eta() -> None:
         ),
         warnings=["something odd"],
     )
-    console = Console(width=120, record=True, file=io.StringIO())
+
+
+def rendered(status: RunStatus, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
     console.print(render_status(status))
-    text = console.export_text()
+    return console.export_text()
+
+
+def test_the_view_renders_a_paused_young_run_with_unknown_eta() -> None:
+    status = paused_young_status(rates_over(3, 6_000, 4.0))
+    text = rendered(status, width=120)
     assert "PAUSED by quality-gate" in text and "3 of the last 3 hit max_tokens" in text
     assert "ETA   unknown" in text and "node/gpu0" in text and "WARNING: something odd" in text
-    assert isinstance(status.cost, Cost) and isinstance(rates, Rates)
+    assert isinstance(status.cost, Cost)
+
+
+def test_rates_over_a_few_seconds_are_not_shown_as_figures() -> None:
+    text = rendered(paused_young_status(rates_over(5, 6_000, 0.09)), width=120)
+    assert "too early" in text
+    assert "66,667" not in text and "55.56" not in text  # 6,000 tokens / 0.09 s, 5 completions / 0.09 s
+
+
+def test_a_run_rated_over_a_minute_shows_its_rates() -> None:
+    text = rendered(paused_young_status(rates_over(120, 240_000, 60.0)), width=120)
+    assert "too early" not in text
+    assert "4,000" in text and "2.00" in text
+
+
+def test_every_gpu_column_title_fits_an_80_column_terminal() -> None:
+    text = rendered(paused_young_status(rates_over(3, 6_000, 4.0)), width=80)
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("GPU "))
+    for title in ("tokens/s", "in flight", "/health", "heartbeat"):
+        assert title in header, header
