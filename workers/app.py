@@ -15,6 +15,7 @@ from celery.signals import worker_shutdown, worker_shutting_down
 
 from workers.context import ContextHolder, WorkerContext
 from workers.dispatch import CeleryDispatcher
+from workers.flower_guard import install_flower_guard
 from workers.heartbeat_step import HeartbeatStep
 from workers.liveness_step import LivenessStep
 from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
@@ -84,4 +85,5 @@ def make_app(
 
     worker_shutting_down.connect(begin_shutdown, weak=False)
     worker_shutdown.connect(close_context, weak=False)
+    install_flower_guard(app)  # only under `celery -A workers flower`: Flower's login check
     return app
