@@ -2,7 +2,9 @@
 
 InferenceError
 ├── InferenceUnavailable   the server could not answer (connection refused or dropped, timeout,
-│                          5xx): retrying later can help
+│   │                      5xx): retrying later can help
+│   └── ServerNotReady     it did not generate before a readiness deadline (loading, warming up,
+│                          or broken: the message carries its log's tail when known)
 └── InferenceRejected      the server refused this request (4xx: context overflow, bad sampling
                            values): the same request will be refused again
 """
@@ -33,3 +35,16 @@ class InferenceRejected(InferenceError):
     def __init__(self, message: str, *, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ServerNotReady(InferenceUnavailable):
+    """A server did not answer a real generation before the readiness deadline."""
+
+    def __init__(self, url: str, reason: str, log_tail: str | None) -> None:
+        self.url = url
+        self.reason = reason
+        self.log_tail = log_tail
+        message = f"SGLang server at {url} is not ready: {reason}"
+        if log_tail is not None:
+            message += f"\nlast lines of its log:\n{log_tail}"
+        super().__init__(message)

@@ -20,22 +20,11 @@ A `priority` label, present only with priority scheduling, splits every series; 
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-
-from inference.errors import InferenceRejected, InferenceUnavailable
-
-METRICS_PATH = "/metrics"
-DEFAULT_METRICS_TIMEOUT_S = 10.0
-"""For the connection and for each read. /metrics is served by the HTTP process from the scheduler's
-shared files: it answers in milliseconds, even with the GPU saturated."""
-HTTP_OK = 200
-HTTP_SERVER_ERROR = 500
 
 RUNNING_REQUESTS = "sglang:num_running_reqs"
 QUEUED_REQUESTS = "sglang:num_queue_reqs"
@@ -122,29 +111,3 @@ def parse_metrics(text: str) -> MetricsSnapshot:
         spec_verify_calls_total=optional_total(SPEC_VERIFY_CALLS),
         spec_accept_length=samples[SPEC_ACCEPT_LENGTH][0].value if samples.get(SPEC_ACCEPT_LENGTH) else None,
     )
-
-
-def fetch_metrics(server_url: str, *, timeout_s: float = DEFAULT_METRICS_TIMEOUT_S) -> MetricsSnapshot:
-    """Scrape `server_url`/metrics (no API key: SGLang never asks one for /metrics).
-
-    Raises InferenceUnavailable when no usable answer came (refused, timed out, 5xx, unparsable),
-    InferenceRejected when the server answered 4xx: 404 means it runs without `--enable-metrics`.
-    Uses urllib, which logs nothing: a scrape every few seconds must not flood the worker's log.
-    """
-    url = server_url.rstrip("/") + METRICS_PATH
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as reply:
-            status, body = reply.status, reply.read()
-    except urllib.error.HTTPError as error:
-        message = f"GET {url} answered {error.code}"
-        if error.code < HTTP_SERVER_ERROR:
-            raise InferenceRejected(message, status=error.code) from error
-        raise InferenceUnavailable(message, status=error.code) from error
-    except (OSError, TimeoutError) as error:
-        raise InferenceUnavailable(f"GET {url}: {type(error).__name__}: {error}") from error
-    if status != HTTP_OK:
-        raise InferenceUnavailable(f"GET {url} answered {status}", status=status)
-    try:
-        return parse_metrics(body.decode("utf-8", errors="replace"))
-    except ValueError as error:
-        raise InferenceUnavailable(f"GET {url}: not Prometheus text: {error}") from error

@@ -1,5 +1,7 @@
-"""Plain synchronous questions to an SGLang server (or the simulator): its health, its `/server_info`,
-its speculative accept length. For threads beside the worker's event loop (heartbeat, facts)."""
+"""Plain synchronous questions to an SGLang server (or the simulator): `/health`, `/metrics`,
+`/server_info`. One HTTP stack (urllib, which logs nothing: a question every few seconds must not
+flood a log) for the worker's heartbeat, server facts and liveness, and the node's readiness and
+preflight. Generation itself goes through `inference.client`."""
 
 from __future__ import annotations
 
@@ -9,11 +11,19 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from inference.metrics_reader import parse_metrics
+from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.metrics_reader import MetricsSnapshot, parse_metrics
 
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+SERVER_INFO_PATH = "/server_info"
 HEALTH_TIMEOUT_S = 3.0  # SGLang's /health runs a real one-token generation: slower under load
 INFO_TIMEOUT_S = 2.0
+DEFAULT_METRICS_TIMEOUT_S = 10.0
+"""For the connection and for each read. /metrics is served by the HTTP process from the scheduler's
+shared files: it answers in milliseconds, even with the GPU saturated."""
 HTTP_OK = 200
+HTTP_SERVER_ERROR = 500
 
 
 def accept_length_from_server_info(info: object) -> float | None:
@@ -29,12 +39,15 @@ def accept_length_from_server_info(info: object) -> float | None:
 
 @dataclass(frozen=True)
 class ServerProbe:
-    """Asks an SGLang server (or the simulator) for its health and speculative accept length."""
+    """Asks one SGLang server (or the simulator) how it is, without generating anything."""
 
     server_url: str
     api_key: str | None = None
 
-    def _get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+    def get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """The status and body of GET `path`; an HTTP error status is an answer too.
+
+        Raises OSError (refused, reset, timed out) when no answer came."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         request = urllib.request.Request(self.server_url.rstrip("/") + path, headers=headers)
         try:
@@ -43,35 +56,64 @@ class ServerProbe:
         except urllib.error.HTTPError as error:
             return int(error.code), b""
 
-    def health(self) -> int | None:
+    def health(self, timeout_s: float = HEALTH_TIMEOUT_S) -> int | None:
+        """`/health`'s status; None when no answer came."""
         try:
-            return self._get("/health", HEALTH_TIMEOUT_S)[0]
-        except OSError:  # refused, reset, timed out
+            return self.get(HEALTH_PATH, timeout_s)[0]
+        except OSError:
             return None
 
-    def server_info(self) -> dict[str, Any] | None:
+    def read_server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
+        """The `/server_info` body. Raises InferenceUnavailable, saying why, when there is none."""
+        url = self.server_url.rstrip("/") + SERVER_INFO_PATH
+        try:
+            status, body = self.get(SERVER_INFO_PATH, timeout_s)
+        except OSError as error:
+            raise InferenceUnavailable(f"GET {url}: {error}") from error
+        if status != HTTP_OK:
+            raise InferenceUnavailable(f"GET {url} answered HTTP {status}", status=status)
+        try:
+            info = json.loads(body)
+        except ValueError as error:
+            raise InferenceUnavailable(f"GET {url}: not JSON: {error}", status=status) from error
+        if not isinstance(info, dict):
+            raise InferenceUnavailable(f"GET {url}: not a JSON object", status=status)
+        return info
+
+    def server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any] | None:
         """The `/server_info` body; None when the server does not answer it (down, older, foreign)."""
         try:
-            status, body = self._get("/server_info", INFO_TIMEOUT_S)
-            info = json.loads(body) if status == HTTP_OK else None
-        except (OSError, ValueError):
+            return self.read_server_info(timeout_s)
+        except InferenceUnavailable:
             return None
-        return info if isinstance(info, dict) else None
+
+    def metrics(self, timeout_s: float = DEFAULT_METRICS_TIMEOUT_S) -> MetricsSnapshot:
+        """Scrape `/metrics` (SGLang never asks a key for it; sending one does no harm).
+
+        Raises InferenceUnavailable when no usable answer came (refused, timed out, 5xx, unparsable),
+        InferenceRejected when the server answered 4xx: 404 means it runs without `--enable-metrics`.
+        """
+        url = self.server_url.rstrip("/") + METRICS_PATH
+        try:
+            status, body = self.get(METRICS_PATH, timeout_s)
+        except OSError as error:
+            raise InferenceUnavailable(f"GET {url}: {type(error).__name__}: {error}") from error
+        if status != HTTP_OK:
+            message = f"GET {url} answered {status}"
+            if status < HTTP_SERVER_ERROR:
+                raise InferenceRejected(message, status=status)
+            raise InferenceUnavailable(message, status=status)
+        try:
+            return parse_metrics(body.decode("utf-8", errors="replace"))
+        except ValueError as error:
+            raise InferenceUnavailable(f"GET {url}: not Prometheus text: {error}") from error
 
     def accept_length(self) -> float | None:
         """From /server_info; else from /metrics (served only with --enable-metrics)."""
+        value = accept_length_from_server_info(self.server_info())
+        if value is not None:
+            return value
         try:
-            status, body = self._get("/server_info", INFO_TIMEOUT_S)
-            if status == HTTP_OK:
-                value = accept_length_from_server_info(json.loads(body))
-                if value is not None:
-                    return value
-            status, body = self._get("/metrics", INFO_TIMEOUT_S)
-        except (OSError, ValueError):
-            return None
-        if status != HTTP_OK:
-            return None
-        try:
-            return parse_metrics(body.decode(errors="replace")).spec_accept_length
-        except ValueError:  # not Prometheus text
+            return self.metrics(INFO_TIMEOUT_S).spec_accept_length
+        except (InferenceUnavailable, InferenceRejected):
             return None

@@ -23,11 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from inference.errors import InferenceRejected, InferenceUnavailable
-from inference.metrics_reader import MetricsSnapshot, fetch_metrics
-from inference.node.errors import ServerNotReady
-from inference.node.readiness import ReadinessTarget, wait_until_ready
-from inference.node.settings import DEFAULT_READY_TIMEOUT_S
+from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
+from inference.metrics_reader import MetricsSnapshot
+from inference.readiness import DEFAULT_READY_TIMEOUT_S, ReadinessTarget, wait_until_ready
+from inference.server_probe import ServerProbe
 from workers.errors import ShuttingDown
 from workers.settings import WorkerSettings
 
@@ -133,7 +132,7 @@ class Suspendable(Protocol):
 
 
 class ReadyWaiter(Protocol):
-    """`inference.node.readiness.wait_until_ready`: returns once the server generates, else raises."""
+    """`inference.readiness.wait_until_ready`: returns once the server generates, else raises."""
 
     def __call__(
         self,
@@ -184,7 +183,7 @@ class LivenessWatcher:
         switch: QueueSwitch,
         settings: WorkerSettings,
         *,
-        read_metrics: Callable[[str], MetricsSnapshot] = fetch_metrics,
+        read_metrics: Callable[[], MetricsSnapshot] | None = None,
         wait_ready: ReadyWaiter = wait_until_ready,
         run_command: Callable[[str], None] = run_restart_command,
         clock: Callable[[], float] = time.monotonic,
@@ -199,7 +198,7 @@ class LivenessWatcher:
         self._judge = LivenessJudge(
             stall_s=settings.liveness_stall_s, completion_stall_s=settings.liveness_completion_stall_s
         )
-        self._read_metrics = read_metrics
+        self._read_metrics = read_metrics or ServerProbe(settings.server_url, settings.api_key).metrics
         self._wait_ready = wait_ready
         self._run_command = run_command
         self._clock = clock
@@ -243,7 +242,7 @@ class LivenessWatcher:
         """Scrape once and return the judge's verdict; None when `/metrics` is refused (not enabled)."""
         snapshot: MetricsSnapshot | None
         try:
-            snapshot = self._read_metrics(self._url)
+            snapshot = self._read_metrics()
         except InferenceRejected as error:
             if not self._metrics_refused:
                 log.error(
@@ -314,7 +313,7 @@ class LivenessWatcher:
 
     def _scrape(self) -> MetricsSnapshot | None:
         try:
-            return self._read_metrics(self._url)
+            return self._read_metrics()
         except (InferenceUnavailable, InferenceRejected):
             return None
 

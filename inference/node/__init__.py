@@ -3,12 +3,12 @@
 settings.py   ServeSettings, the typed options of `serve`, with the reference workload's defaults
 command.py    the SGLang command line for one GPU (the one place that knows SGLang's flag names)
 launcher.py   the server processes: logs per GPU, signal forwarding, exit when one dies
-readiness.py  port open, /health 200, then a real 1-token chat completion
 sources.py    a model folder on local disk or under an S3 prefix
 staging.py    copy it to /dev/shm once per node, verified
 progress.py   the rich progress bar staging shows
 units.py      byte counts for people
 cli.py        the `serve`, `stage` and `wait` sub-commands of `python -m inference`
-              (also `python -m inference.node`; preflight uses the SGLang client and records)
+              (also `python -m inference.node`); waiting uses `inference.readiness`, and preflight
+              the SGLang client, `inference.server_probe` and the records
 errors.py     the error tree
 """

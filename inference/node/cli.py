@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inference.errors import ServerNotReady
 from inference.node.command import build_commands
-from inference.node.errors import NodeError, ServerExited, ServerNotReady, SettingsError
+from inference.node.errors import NodeError, ServerExited, SettingsError
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
 from inference.node.preflight_cli import register_preflight
 from inference.node.progress import RichStageProgress
-from inference.node.readiness import DEFAULT_PROBE_INTERVAL_S, Probe, ReadinessTarget, wait_until_ready
 from inference.node.settings import (
     DEFAULT_API_KEY_ENV,
     DEFAULT_BASE_PORT,
@@ -23,7 +23,6 @@ from inference.node.settings import (
     DEFAULT_LOG_DIR,
     DEFAULT_MAX_RUNNING_REQUESTS,
     DEFAULT_MEM_FRACTION_STATIC,
-    DEFAULT_READY_TIMEOUT_S,
     DEFAULT_REASONING_PARSER,
     DEFAULT_SPECULATIVE_EAGLE_TOPK,
     DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS,
@@ -40,6 +39,13 @@ from inference.node.settings import (
 from inference.node.sources import open_source
 from inference.node.staging import default_destination, stage_model
 from inference.node.units import human_bytes
+from inference.readiness import (
+    DEFAULT_PROBE_INTERVAL_S,
+    DEFAULT_READY_TIMEOUT_S,
+    Probe,
+    ReadinessTarget,
+    wait_until_ready,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +286,7 @@ class _StageLogger:
             logger.info("%s: %s %s", probe.url, probe.stage.value, probe.detail)
 
 
-def _fail(error: NodeError, exit_code: int) -> int:
+def _fail(error: NodeError | ServerNotReady, exit_code: int) -> int:
     print(f"error: {error}", file=sys.stderr)
     return exit_code
 

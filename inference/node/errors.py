@@ -1,10 +1,9 @@
-"""Errors of the GPU-node tools: serving, staging and readiness.
+"""Errors of the GPU-node tools: serving and staging (readiness raises inference.errors.ServerNotReady).
 
 NodeError                    anything this package raises on purpose
 ├── SettingsError            a bad option value; the message names the option and why
 ├── LaunchError              a server process could not be started or did not stay up
 │   └── ServerExited         a server process ended while it was supposed to run
-├── ServerNotReady           a server did not generate within the readiness timeout
 └── StagingError             the model folder could not be copied or is incomplete
     ├── NotEnoughRoom        the destination lacks the free bytes the copy needs
     └── VerificationFailed   a file is missing, has the wrong size, or the shard index disagrees
@@ -38,19 +37,6 @@ class ServerExited(LaunchError):
             f"the SGLang server on GPU {gpu} exited with code {returncode}; "
             f"last lines of its log:\n{log_tail}"
         )
-
-
-class ServerNotReady(NodeError):
-    """A server did not answer a real generation before the readiness deadline."""
-
-    def __init__(self, url: str, reason: str, log_tail: str | None) -> None:
-        self.url = url
-        self.reason = reason
-        self.log_tail = log_tail
-        message = f"SGLang server at {url} is not ready: {reason}"
-        if log_tail is not None:
-            message += f"\nlast lines of its log:\n{log_tail}"
-        super().__init__(message)
 
 
 class StagingError(NodeError):

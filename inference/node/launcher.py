@@ -25,14 +25,14 @@ from typing import IO
 
 from inference.node.command import ServerCommand
 from inference.node.errors import LaunchError, ServerExited
-from inference.node.readiness import (
+from inference.readiness import (
     DEFAULT_PROBE_INTERVAL_S,
+    DEFAULT_READY_TIMEOUT_S,
     Probe,
     ReadinessTarget,
     log_tail,
     wait_all_ready,
 )
-from inference.node.settings import DEFAULT_READY_TIMEOUT_S
 
 logger = logging.getLogger(__name__)
 

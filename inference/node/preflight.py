@@ -22,12 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from inference.client import DEFAULT_REQUEST_TIMEOUT_S, ChatResult, ClientSettings, SGLangClient
-from inference.errors import InferenceError, InferenceRejected
+from inference.errors import InferenceError, InferenceRejected, InferenceUnavailable
 from inference.quality import FINISH_LENGTH, label_completion
 from inference.records import Message, Quality, SamplingSettings
+from inference.server_probe import ServerProbe
 
 DEFAULT_PROMPT_COUNT = 8
 FAIL_SHARE = 0.5
@@ -38,7 +37,6 @@ BUDGET_GROWTH_FACTOR = 2
 BUDGET_GRANULARITY_TOKENS = 1024
 DEFAULT_MAX_TOKENS = SamplingSettings().max_tokens
 SERVER_INFO_TIMEOUT_S = 10.0
-SERVER_INFO_PATH = "/server_info"
 THINK_TAGS = ("<think>", "</think>")
 HTTP_UNAUTHORIZED = 401
 HTTP_FORBIDDEN = 403
@@ -671,18 +669,10 @@ async def fetch_server_info(
     url: str, api_key: str | None, timeout_s: float = SERVER_INFO_TIMEOUT_S
 ) -> ServerFacts:
     """`/server_info`, read after the prompts so its average accept length covers them."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as http:
-            reply = await http.get(url.rstrip("/") + SERVER_INFO_PATH, headers=headers)
-        reply.raise_for_status()
-        payload = reply.json()
-    except httpx.HTTPStatusError as error:
-        return ServerFacts(error=f"{SERVER_INFO_PATH} answered HTTP {error.response.status_code}")
-    except (httpx.HTTPError, ValueError) as error:
-        return ServerFacts(error=f"{SERVER_INFO_PATH}: {error}")
-    if not isinstance(payload, dict):
-        return ServerFacts(error=f"{SERVER_INFO_PATH}: not a JSON object")
+        payload = await asyncio.to_thread(ServerProbe(url, api_key).read_server_info, timeout_s)
+    except InferenceUnavailable as error:
+        return ServerFacts(error=str(error))
     return server_facts(payload)
 
 

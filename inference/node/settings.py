@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from inference.node.errors import SettingsError
+from inference.readiness import DEFAULT_READY_TIMEOUT_S
 
 DEFAULT_BASE_PORT = 30000
 """GPU i listens on DEFAULT_BASE_PORT + i; workers find their server the same way."""
@@ -27,7 +28,6 @@ DEFAULT_MEM_FRACTION_STATIC = 0.85
 DEFAULT_SPECULATIVE_NUM_STEPS = 3
 DEFAULT_SPECULATIVE_EAGLE_TOPK = 1
 DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS = 4
-DEFAULT_READY_TIMEOUT_S = 1800.0
 """Loading 52 GB from a network file system took minutes per server; from /dev/shm under one."""
 DEFAULT_LOG_DIR = Path("logs")
 DEFAULT_API_KEY_ENV = "DRAFTGEN_API_KEY"

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from inference.errors import InferenceRejected
-from inference.metrics_reader import fetch_metrics
+from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import wait_until
 from tests.support import prompt_files
@@ -154,7 +154,7 @@ def test_a_simulator_that_has_served_nothing_reads_as_idle_with_no_step_counter_
     """SGLang creates each `realtime_tokens_total` series at its first non-zero increment, so a server
     that has run no forward pass exports none (a real one runs its warm-up request at start; the
     simulator has none). The series appear with the first request: test_simulator_scheduler.py."""
-    snapshot = fetch_metrics(sim.url)
+    snapshot = ServerProbe(sim.url).metrics()
     assert not snapshot.busy
     assert not snapshot.has_step_counter
 
@@ -164,5 +164,5 @@ def test_a_server_without_metrics_refuses_the_scrape_with_404() -> None:
         SimulatorProcess(SimulatorSettings(enable_metrics=False)) as plain,
         pytest.raises(InferenceRejected) as refused,
     ):
-        fetch_metrics(plain.url)
+        ServerProbe(plain.url).metrics()
     assert refused.value.status == 404

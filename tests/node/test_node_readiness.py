@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from inference.errors import ServerNotReady
 from inference.node.cli import EXIT_NOT_READY, EXIT_OK, register
-from inference.node.errors import ServerNotReady
-from inference.node.readiness import Probe, ReadinessTarget, Stage, log_tail, wait_until_ready
+from inference.readiness import Probe, ReadinessTarget, Stage, log_tail, wait_until_ready
 
 FAST_PROBE_S = 0.05
 SHORT_TIMEOUT_S = 0.6

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.node.errors import ServerNotReady
-from inference.node.readiness import Probe, ReadinessTarget, Stage, wait_until_ready
+from inference.errors import ServerNotReady
+from inference.readiness import Probe, ReadinessTarget, Stage, wait_until_ready
 from inference.simulator import SimulatorProcess, SimulatorSettings
 
 LOAD_S = 1.5

@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.metrics_reader import fetch_metrics
+from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens
 from tests.simulator.conftest import make_client, user
 
@@ -144,17 +144,17 @@ def test_a_running_request_moves_the_decode_token_counter_while_generation_token
     with make_client(sim) as client:
         call = send_in_background(client, max_tokens=10_000, text="long running")
         poll_until(lambda: running_and_queued(sim) == (1, 0))
-        admitted = fetch_metrics(sim.url).decode_tokens_total or 0.0
+        admitted = ServerProbe(sim.url).metrics().decode_tokens_total or 0.0
         # When it decodes, then the per-step counter moves before the request ends
-        poll_until(lambda: (fetch_metrics(sim.url).decode_tokens_total or 0.0) > admitted)
-        running = fetch_metrics(sim.url)
+        poll_until(lambda: (ServerProbe(sim.url).metrics().decode_tokens_total or 0.0) > admitted)
+        running = ServerProbe(sim.url).metrics()
         assert running.prefill_tokens_total == count_prompt_tokens(user("long running"))
         # and the counters a finished request moves have not
         assert (running.generation_tokens_total, running.requests_total) == (0, 0)
         httpx.post(sim.url + "/abort_request", json={"abort_all": True}, timeout=10)
         call.join(timeout=10)
     assert call.result is not None and call.result.usage is not None
-    finished = fetch_metrics(sim.url)
+    finished = ServerProbe(sim.url).metrics()
     completion_tokens = call.result.usage.completion_tokens
     assert (finished.generation_tokens_total, finished.requests_total) == (completion_tokens, 1)
     assert finished.decode_tokens_total == completion_tokens - 1  # prefill produced the first token

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
-from inference.node.errors import ServerNotReady
-from inference.node.readiness import ReadinessTarget
+from inference.readiness import ReadinessTarget
 from workers.liveness import Liveness, LivenessJudge, LivenessWatcher, Verdict, run_restart_command
 from workers.settings import WorkerSettings
 
@@ -272,7 +271,7 @@ class FakeServer:
     current: MetricsSnapshot | Exception
     ready_failures: int = 0
 
-    def metrics(self, url: str) -> MetricsSnapshot:
+    def metrics(self) -> MetricsSnapshot:
         if isinstance(self.current, Exception):
             raise self.current
         return self.current

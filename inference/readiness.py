@@ -11,8 +11,6 @@ import enum
 import os
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +18,10 @@ from urllib.parse import urlsplit
 
 import openai
 
-from inference.node.errors import ServerNotReady
-from inference.node.settings import DEFAULT_READY_TIMEOUT_S
+from inference.errors import ServerNotReady
+from inference.server_probe import HEALTH_PATH, ServerProbe
 
+DEFAULT_READY_TIMEOUT_S = 1800.0  # loading a large model's weights from fast local storage
 DEFAULT_PROBE_INTERVAL_S = 2.0
 PORT_CONNECT_TIMEOUT_S = 2.0
 HEALTH_REQUEST_TIMEOUT_S = 30.0
@@ -77,13 +76,8 @@ def probe_once(target: ReadinessTarget, client: openai.OpenAI, budget_s: float) 
     except OSError as error:
         return Probe(target.url, Stage.PORT_CLOSED, f"{host}:{port}: {error}")
     try:
-        with urllib.request.urlopen(
-            f"{url}/health", timeout=min(HEALTH_REQUEST_TIMEOUT_S, budget_s)
-        ) as reply:
-            status = reply.status
-    except urllib.error.HTTPError as error:
-        status = error.code
-    except (OSError, TimeoutError) as error:
+        status, _ = ServerProbe(url, target.api_key).get(HEALTH_PATH, min(HEALTH_REQUEST_TIMEOUT_S, budget_s))
+    except OSError as error:
         return Probe(target.url, Stage.WARMING_UP, f"/health: {error}")
     if status != HTTP_OK:
         return Probe(target.url, Stage.WARMING_UP, f"/health answered {status}")
