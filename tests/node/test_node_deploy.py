@@ -1,10 +1,9 @@
-"""The deploy files: units that run what the CLI accepts, a bootstrap whose dry run changes nothing,
-and a bucket policy that grants only what a node needs."""
+"""The deploy files: units that run what the CLI accepts and a bootstrap whose dry run changes nothing
+(the IAM policies of deploy/iam are checked in tests/unit/test_bucket_policies.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import shutil
 import subprocess
@@ -131,17 +130,3 @@ def test_the_bootstrap_refuses_a_bad_gpu_count() -> None:
     )
     assert result.returncode != 0
     assert "--gpus must be a whole number" in result.stderr or "apt-get not found" in result.stderr
-
-
-def test_the_bucket_policy_grants_only_list_get_put_and_delete_under_the_prefixes() -> None:
-    policy = json.loads((DEPLOY / "bucket-policy.json").read_text())
-    actions: set[str] = set()
-    for statement in policy["Statement"]:
-        assert statement["Effect"] == "Allow"
-        granted = statement["Action"]
-        actions.update([granted] if isinstance(granted, str) else granted)
-        if statement["Action"] == "s3:ListBucket":
-            assert statement["Condition"]["StringLike"]["s3:prefix"], "listing must be limited to a prefix"
-        else:
-            assert statement["Resource"].endswith("/*") and statement["Resource"].count("/") >= 2
-    assert actions == {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
