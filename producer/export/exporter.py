@@ -32,8 +32,9 @@ from producer.export.formats import (
     RowSource,
     ThinkingStyle,
     loss_tokens,
+    prompt_tokens,
     render,
-    sequence_tokens,
+    response_tokens,
 )
 from producer.export.loss_check import LossCheckSettings, LossStats
 from producer.export.records import ExportPlan, ExportRecord
@@ -142,14 +143,8 @@ def scan_output(
             scan.loss.add(
                 counted.count, completion.quality, reasoning_tokens=completion.usage.reasoning_tokens
             )
-            response = sequence_tokens(completion)
-            prompt = (
-                len(completion.prompt_token_ids)
-                if completion.prompt_token_ids is not None
-                else completion.usage.prompt_tokens
-            )
-            scan.tokens.prompt += prompt
-            scan.tokens.response += response - prompt
+            scan.tokens.prompt += prompt_tokens(completion)
+            scan.tokens.response += response_tokens(completion)
             scan.tokens.reasoning += completion.usage.reasoning_tokens
         scan.kept_per_part.append(kept)
         progress.advance(len(completions))

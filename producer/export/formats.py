@@ -175,12 +175,21 @@ def loss_tokens(completion: Completion, tokenizer: TokenCounter | None = None) -
     return LossCount(completion.usage.completion_tokens, LossSource.USAGE)
 
 
+def prompt_tokens(completion: Completion) -> int:
+    """The row's prompt tokens: from the ids where present, else from usage."""
+    ids = completion.prompt_token_ids
+    return completion.usage.prompt_tokens if ids is None else len(ids)
+
+
+def response_tokens(completion: Completion) -> int:
+    """The row's response tokens: from the ids where present, else from usage."""
+    ids = completion.response_token_ids
+    return completion.usage.completion_tokens if ids is None else len(ids)
+
+
 def sequence_tokens(completion: Completion) -> int:
-    """Prompt and response tokens of the row: from the ids where present, else from usage."""
-    prompt_ids, response_ids = completion.prompt_token_ids, completion.response_token_ids
-    prompt = completion.usage.prompt_tokens if prompt_ids is None else len(prompt_ids)
-    response = completion.usage.completion_tokens if response_ids is None else len(response_ids)
-    return prompt + response
+    """Prompt and response tokens of the row."""
+    return prompt_tokens(completion) + response_tokens(completion)
 
 
 def generated_text(completion: Completion) -> str:
