@@ -25,7 +25,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from producer.errors import RunNotFound
 from producer.settings import ProducerSettings
-from producer.status import RunStatus, gather_status, parse_counters, queue_depths
+from producer.status.figures import parse_counters
+from producer.status.gather import gather_status, queue_depths
+from producer.status.model import RunStatus
 from workers.heartbeat import read_heartbeats
 from workers.keys import RUNS_KEY, RunKeys, check_run_name
 from workers.stats_fields import (

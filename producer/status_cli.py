@@ -18,7 +18,8 @@ from rich.live import Live
 from producer import metrics_exporter
 from producer.errors import RedisUnavailable, SettingsError
 from producer.settings import ProducerSettings
-from producer.status import RunStatus, gather_status, load_settings
+from producer.status.gather import gather_status, load_settings
+from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
 from workers.batches import PAUSED_RETRY_S
 from workers.control import PAUSED_BY_USER, pause, pause_state, resume

@@ -10,7 +10,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from producer.status import GpuRow, Rates, RunStatus
+from producer.status.model import GpuRow, Rates, RunStatus
 
 PROGRESS_BAR_WIDTH = 40
 SECONDS_PER_MINUTE = 60

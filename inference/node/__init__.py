@@ -10,5 +10,7 @@ units.py      byte counts for people
 cli.py        the `serve`, `stage` and `wait` sub-commands of `python -m inference`
               (also `python -m inference.node`); waiting uses `inference.readiness`, and preflight
               the SGLang client, `inference.server_probe` and the records
+preflight/    a few real completions with a run's settings, judged into PASS, WARN or FAIL with advice:
+              prompts, outcomes, judging (pure), report, run (the I/O); preflight_cli.py is its command
 errors.py     the error tree
 """

@@ -25,17 +25,11 @@ from rich.text import Text
 
 from inference.client import DEFAULT_REQUEST_TIMEOUT_S
 from inference.node.errors import SettingsError
-from inference.node.preflight import (
-    BUILTIN_PROMPTS,
-    DEFAULT_PROMPT_COUNT,
-    Level,
-    PreflightPrompt,
-    PreflightReport,
-    PromptOutcome,
-    Verdict,
-    report_to_json,
-    run_preflight,
-)
+from inference.node.preflight.judging import Level, Verdict
+from inference.node.preflight.outcomes import PromptOutcome
+from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
+from inference.node.preflight.report import PreflightReport, report_to_json
+from inference.node.preflight.run import run_preflight
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
 from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options

@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inference.simulator import RequestRecord, SimulatorSettings, predict_outcome
 from producer.cli import main as producer_main
 from producer.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
-from producer.status import RunStatus, gather_status
+from producer.status.gather import gather_status
+from producer.status.model import RunStatus
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.control import PAUSED_BY_GATE, PAUSED_BY_USER

@@ -17,21 +17,16 @@ import pytest
 from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.node.errors import SettingsError
-from inference.node.preflight import (
-    Finding,
-    Level,
+from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
+from inference.node.preflight.outcomes import (
     PromptOutcome,
     ServerFacts,
-    Verdict,
     answered,
-    build_report,
-    judge,
     outcome_of_error,
     server_facts,
-    suggest_max_tokens,
     summarize,
-    verdict_of,
 )
+from inference.node.preflight.report import build_report
 from inference.node.preflight_cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, sampling_from_args
 from inference.records import SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings

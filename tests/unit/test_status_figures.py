@@ -12,7 +12,7 @@ from inference.metrics_reader import parse_metrics
 from inference.records import Quality
 from inference.server_probe import accept_length_from_server_info
 from producer.errors import SettingsError
-from producer.status import (
+from producer.status.figures import (
     MIN_COMPLETIONS_FOR_ETA,
     RATE_WINDOW_S,
     STATE_FINISHED,
@@ -20,17 +20,7 @@ from producer.status import (
     STATE_RUNNING,
     STATE_UPLOADING,
     STATE_WAITING,
-    Cost,
-    Eta,
     Event,
-    GateFigures,
-    PauseFigures,
-    QualityFigures,
-    QueueDepth,
-    Rates,
-    RunStatus,
-    Throughput,
-    UploadBacklog,
     dead_letters_by_reason,
     estimate_cost,
     estimate_eta,
@@ -47,6 +37,18 @@ from producer.status import (
     stranded_warning,
     stream_id_s,
     window_rates,
+)
+from producer.status.model import (
+    Cost,
+    Eta,
+    GateFigures,
+    PauseFigures,
+    QualityFigures,
+    QueueDepth,
+    Rates,
+    RunStatus,
+    Throughput,
+    UploadBacklog,
 )
 from producer.status_cli import PRICE_ENV, resolve_price
 from producer.status_view import duration, render_status, size

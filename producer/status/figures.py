@@ -1,10 +1,5 @@
-"""A run's status, from Redis alone: progress, rates, ETA, cost, a row per GPU, queues, upload backlog,
-dead letters, quality and the gate, and the pause state.
-
-`gather_status` does all the reading; every figure is a pure function of the values read and of
-`now` (Redis's clock, the one the event ids and staged scores use), so each is unit-tested with a
-fake clock. Figures come from completed work recorded in Redis, never from server logs.
-"""
+"""Every status figure as a pure function of values read from Redis and of `now` (Redis's clock), so each
+is unit-tested with a fake clock."""
 
 from __future__ import annotations
 
@@ -13,43 +8,32 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import redis
-
-from inference.records import Quality, Record
-from producer.errors import RunNotFound
-from workers.control import pause_state
-from workers.heartbeat import WorkerHeartbeat, read_heartbeats
-from workers.keys import RunKeys
-from workers.manifest import decode_entry
-from workers.quality_gate import DROPPED_TRUNCATIONS, GateReading, read_gate
-from workers.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY, QUEUES
-from workers.runs import RunSettings, decode_run_settings
-from workers.stats_fields import (
-    COMPLETION_TOKENS,
-    COMPLETIONS,
-    DEAD_PREFIX,
-    FINISH_PREFIX,
-    FIRST_COMPLETION_AT,
-    TOKEN_IDS_MISSING,
-    quality_field,
+from inference.records import Quality
+from producer.status.model import (
+    Cost,
+    Eta,
+    GateFigures,
+    GpuRow,
+    Progress,
+    QualityFigures,
+    QueueDepth,
+    Rates,
 )
+from workers.heartbeat import WorkerHeartbeat
+from workers.quality_gate import DROPPED_TRUNCATIONS, GateReading
+from workers.queues import GENERATE_QUEUE
+from workers.runs import RunSettings
+from workers.stats_fields import COMPLETIONS, DEAD_PREFIX, FINISH_PREFIX, TOKEN_IDS_MISSING, quality_field
 
 RATE_WINDOW_S = 60.0  # "recent" rates: completions of the last minute
 MIN_COMPLETIONS_FOR_ETA = 20  # fewer in the window and the rate is noise: the ETA says "unknown"
-GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
 SECONDS_PER_HOUR = 3600.0
 MS_PER_S = 1000.0
-MICROSECONDS_PER_S = 1e6
-UNACKED_SCAN_COUNT = 1000
 QUALITY_SHOWN = (
     Quality.EMPTY_ANSWER,
     Quality.TRUNCATED_IN_THINKING,
     Quality.TRUNCATED_IN_ANSWER,
     Quality.NO_REASONING,
-)
-IN_FLIGHT_NOTE = (
-    "in flight = delivered to a worker and not yet acknowledged (running, prefetched, or held for a "
-    "retry countdown), all runs together; Flower's Broker tab shows only the waiting ones"
 )
 
 STATE_WAITING = "waiting for the first completion"
@@ -57,125 +41,6 @@ STATE_RUNNING = "running"
 STATE_PAUSED = "paused"
 STATE_UPLOADING = "generated; uploading the rest"
 STATE_FINISHED = "finished"
-
-
-# ---------------------------------------------------------------- the snapshot
-
-
-class Progress(Record, frozen=True):
-    enqueued: int  # the total: every prompt accepted into the run
-    committed: int  # in an object listed in the manifest
-    staged: int  # generated, awaiting upload
-    dead_lettered: int
-    rejected_rows: int  # refused at enqueue, never part of `enqueued`
-    remaining: int  # still to generate
-    committed_fraction: float
-
-
-class Rates(Record, frozen=True):
-    window_s: float
-    completions: int
-    output_tokens: int
-    completions_per_s: float
-    output_tokens_per_s: float
-
-
-class Throughput(Record, frozen=True):
-    last_minute: Rates
-    whole_run: Rates
-    mean_output_tokens: float | None
-    first_completion_at: float | None  # Redis clock, unix seconds
-    last_completion_at: float | None
-
-
-class Eta(Record, frozen=True):
-    seconds: float | None  # None: unknown, see `basis`
-    finishes_at: float | None  # unix seconds
-    basis: str
-
-
-class Cost(Record, frozen=True):
-    gpus: int
-    elapsed_s: float
-    gpu_hours: float
-    projected_gpu_hours: float | None
-    price_per_gpu_hour: float | None
-    so_far_usd: float | None
-    projected_total_usd: float | None
-    assumption: str
-
-
-class GpuRow(Record, frozen=True):
-    worker: str  # host/gpuN
-    output_tokens_per_s: float  # this run's, over the last minute
-    completions_last_minute: int
-    in_flight: int | None  # None: no live heartbeat
-    max_in_flight: int | None
-    spec_accept_length: float | None
-    server_health: int | None  # HTTP status of /health
-    suspended: bool | None
-    heartbeat_age_s: float | None
-
-
-class QueueDepth(Record, frozen=True):
-    queue: str
-    waiting: int
-    in_flight: int
-
-
-class UploadBacklog(Record, frozen=True):
-    staged: int
-    staged_bytes: int
-    oldest_staged_age_s: float | None
-    objects_committed: int
-    committed_bytes: int
-
-
-class QualityFigures(Record, frozen=True):
-    judged: int  # completions, plus truncations dropped by the run's policy
-    counts: dict[str, int]
-    rates: dict[str, float]
-    finish_reasons: dict[str, int]
-
-
-class GateFigures(Record, frozen=True):
-    judged_since_resume: int
-    min_completions: int
-    empty_answer_rate: float
-    max_empty_answer_rate: float
-    truncated_rate: float
-    max_truncated_rate: float
-    failing: str | None  # what the gate would say now; None when healthy or too early
-    truncated_thinking_policy: str
-
-
-class PauseFigures(Record, frozen=True):
-    reason: str
-    by: str
-    at: float
-    for_s: float
-
-
-class RunStatus(Record, frozen=True):
-    run: str
-    now: float  # Redis clock, unix seconds
-    state: str
-    progress: Progress
-    throughput: Throughput
-    eta: Eta
-    cost: Cost
-    gpus: list[GpuRow]
-    queues: list[QueueDepth]
-    queues_note: str
-    upload: UploadBacklog
-    dead_letters: dict[str, int]  # by reason
-    quality: QualityFigures
-    gate: GateFigures
-    paused: PauseFigures | None
-    warnings: list[str]
-
-
-# ---------------------------------------------------------------- pure figures
 
 
 @dataclass(frozen=True)
@@ -436,130 +301,4 @@ def make_progress(*, enqueued: int, committed: int, staged: int, dead: int, reje
         rejected_rows=rejected,
         remaining=max(0, enqueued - committed - staged - dead),
         committed_fraction=committed / enqueued if enqueued else 0.0,
-    )
-
-
-# ---------------------------------------------------------------- reading Redis
-
-
-def redis_now_s(client: redis.Redis) -> float:
-    seconds, microseconds = client.time()
-    return float(seconds) + float(microseconds) / MICROSECONDS_PER_S
-
-
-def queue_depths(client: redis.Redis) -> list[QueueDepth]:
-    in_flight = split_unacked(
-        value for _tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=UNACKED_SCAN_COUNT)
-    )
-    with client.pipeline(transaction=False) as pipe:
-        for queue in QUEUES:
-            pipe.llen(queue)
-        waiting = pipe.execute()
-    return [
-        QueueDepth(queue=queue, waiting=int(depth), in_flight=in_flight.get(queue, 0))
-        for queue, depth in zip(QUEUES, waiting, strict=True)
-    ]
-
-
-def load_settings(client: redis.Redis, run: str) -> RunSettings:
-    raw = client.get(RunKeys(run).settings)
-    if raw is None:
-        raise RunNotFound(
-            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
-        )
-    return decode_run_settings(raw)
-
-
-def gather_status(
-    client: redis.Redis,
-    run: str,
-    *,
-    price_per_gpu_hour: float | None = None,
-    price_source: str = "given",
-    now_s: float | None = None,
-) -> RunStatus:
-    """One consistent-enough snapshot of the run (each group of figures is read in one round trip)."""
-    settings = load_settings(client, run)
-    keys = RunKeys(run)
-    now = redis_now_s(client) if now_s is None else now_s
-    with client.pipeline(transaction=False) as pipe:
-        pipe.scard(keys.enqueued)
-        pipe.scard(keys.done)
-        pipe.zcard(keys.staged_index)
-        pipe.hlen(keys.dead)
-        pipe.hlen(keys.rejected)
-        pipe.hgetall(keys.stats)
-        pipe.get(keys.staged_bytes)
-        pipe.zrange(keys.staged_index, 0, 0, withscores=True)
-        pipe.lrange(keys.manifest, 0, -1)
-        pipe.xrange(keys.events, min=str(int((now - RATE_WINDOW_S) * MS_PER_S)), max="+")
-        pipe.xrange(keys.events, min="-", max="+", count=1)
-        pipe.xrevrange(keys.events, max="+", min="-", count=GPU_SAMPLE_EVENTS)
-        replies = pipe.execute()
-    enqueued, committed, staged, dead, rejected, stats_raw, staged_bytes, oldest = replies[:8]
-    manifest, window_raw, oldest_raw, recent_raw = replies[8:]
-    counters = parse_counters(stats_raw)
-    progress = make_progress(
-        enqueued=enqueued, committed=committed, staged=staged, dead=dead, rejected=rejected
-    )
-    recent_events = parse_events(recent_raw)
-    oldest_events = parse_events(oldest_raw)
-    started = run_started_s(
-        counters.get(FIRST_COMPLETION_AT), oldest_events[0].at_s if oldest_events else None
-    )
-    last_completion = recent_events[0].at_s if recent_events else None
-    paused = pause_state(client, run)
-    state = run_state(progress, completions=counters.get(COMPLETIONS, 0), paused=paused is not None)
-    ended = last_completion if state in (STATE_FINISHED, STATE_UPLOADING) and last_completion else now
-    window = recent_window_s(now, started)
-    window_events = events_in_window(parse_events(window_raw), now_s=now, window_s=window)
-    last_minute = window_rates(window_events, now_s=now, window_s=window)
-    completions = counters.get(COMPLETIONS, 0)
-    output_tokens = counters.get(COMPLETION_TOKENS, 0)
-    elapsed = max(0.0, ended - started) if started is not None else 0.0
-    eta = estimate_eta(progress.remaining, last_minute, now_s=now, paused=paused is not None)
-    heartbeats = read_heartbeats(client)
-    gpus = gpu_rows(window_events, window, heartbeats, {event.gpu for event in recent_events}, now_s=now)
-    entries = [decode_entry(raw) for raw in manifest]
-    queues = queue_depths(client)
-    stranded = stranded_warning(progress, queues, paused=paused is not None)
-    return RunStatus(
-        run=run,
-        now=now,
-        state=state,
-        progress=progress,
-        throughput=Throughput(
-            last_minute=last_minute,
-            whole_run=rates_over(completions, output_tokens, elapsed),
-            mean_output_tokens=output_tokens / completions if completions else None,
-            first_completion_at=started,
-            last_completion_at=last_completion,
-        ),
-        eta=eta,
-        cost=estimate_cost(
-            gpus=len(gpus),
-            elapsed_s=elapsed,
-            eta_s=eta.seconds,
-            price_per_gpu_hour=price_per_gpu_hour,
-            price_source=price_source,
-        ),
-        gpus=gpus,
-        queues=queues,
-        queues_note=IN_FLIGHT_NOTE,
-        upload=UploadBacklog(
-            staged=staged,
-            staged_bytes=int(staged_bytes or 0),
-            oldest_staged_age_s=max(0.0, now - oldest[0][1]) if oldest else None,
-            objects_committed=len(entries),
-            committed_bytes=sum(entry.bytes for entry in entries),
-        ),
-        dead_letters=dead_letters_by_reason(counters),
-        quality=quality_figures(counters),
-        gate=gate_figures(read_gate(client, run, settings.gate), settings),
-        paused=(
-            PauseFigures(reason=paused.reason, by=paused.by, at=paused.at, for_s=max(0.0, now - paused.at))
-            if paused is not None
-            else None
-        ),
-        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning],
     )

@@ -1,0 +1,171 @@
+"""Reading a run's status from Redis: `gather_status` reads, the figures module computes."""
+
+from __future__ import annotations
+
+import redis
+
+from producer.errors import RunNotFound
+from producer.status.figures import (
+    MS_PER_S,
+    RATE_WINDOW_S,
+    STATE_FINISHED,
+    STATE_UPLOADING,
+    dead_letters_by_reason,
+    estimate_cost,
+    estimate_eta,
+    events_in_window,
+    gate_figures,
+    gpu_rows,
+    make_progress,
+    parse_counters,
+    parse_events,
+    quality_figures,
+    rates_over,
+    recent_window_s,
+    run_started_s,
+    run_state,
+    split_unacked,
+    stranded_warning,
+    token_ids_warning,
+    window_rates,
+)
+from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
+from workers.control import pause_state
+from workers.heartbeat import read_heartbeats
+from workers.keys import RunKeys
+from workers.manifest import decode_entry
+from workers.quality_gate import read_gate
+from workers.queues import KOMBU_UNACKED_KEY, QUEUES
+from workers.runs import RunSettings, decode_run_settings
+from workers.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
+
+GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
+MICROSECONDS_PER_S = 1e6
+UNACKED_SCAN_COUNT = 1000
+IN_FLIGHT_NOTE = (
+    "in flight = delivered to a worker and not yet acknowledged (running, prefetched, or held for a "
+    "retry countdown), all runs together; Flower's Broker tab shows only the waiting ones"
+)
+
+
+def redis_now_s(client: redis.Redis) -> float:
+    seconds, microseconds = client.time()
+    return float(seconds) + float(microseconds) / MICROSECONDS_PER_S
+
+
+def queue_depths(client: redis.Redis) -> list[QueueDepth]:
+    in_flight = split_unacked(
+        value for _tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=UNACKED_SCAN_COUNT)
+    )
+    with client.pipeline(transaction=False) as pipe:
+        for queue in QUEUES:
+            pipe.llen(queue)
+        waiting = pipe.execute()
+    return [
+        QueueDepth(queue=queue, waiting=int(depth), in_flight=in_flight.get(queue, 0))
+        for queue, depth in zip(QUEUES, waiting, strict=True)
+    ]
+
+
+def load_settings(client: redis.Redis, run: str) -> RunSettings:
+    raw = client.get(RunKeys(run).settings)
+    if raw is None:
+        raise RunNotFound(
+            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
+        )
+    return decode_run_settings(raw)
+
+
+def gather_status(
+    client: redis.Redis,
+    run: str,
+    *,
+    price_per_gpu_hour: float | None = None,
+    price_source: str = "given",
+    now_s: float | None = None,
+) -> RunStatus:
+    """One consistent-enough snapshot of the run (each group of figures is read in one round trip)."""
+    settings = load_settings(client, run)
+    keys = RunKeys(run)
+    now = redis_now_s(client) if now_s is None else now_s
+    with client.pipeline(transaction=False) as pipe:
+        pipe.scard(keys.enqueued)
+        pipe.scard(keys.done)
+        pipe.zcard(keys.staged_index)
+        pipe.hlen(keys.dead)
+        pipe.hlen(keys.rejected)
+        pipe.hgetall(keys.stats)
+        pipe.get(keys.staged_bytes)
+        pipe.zrange(keys.staged_index, 0, 0, withscores=True)
+        pipe.lrange(keys.manifest, 0, -1)
+        pipe.xrange(keys.events, min=str(int((now - RATE_WINDOW_S) * MS_PER_S)), max="+")
+        pipe.xrange(keys.events, min="-", max="+", count=1)
+        pipe.xrevrange(keys.events, max="+", min="-", count=GPU_SAMPLE_EVENTS)
+        replies = pipe.execute()
+    enqueued, committed, staged, dead, rejected, stats_raw, staged_bytes, oldest = replies[:8]
+    manifest, window_raw, oldest_raw, recent_raw = replies[8:]
+    counters = parse_counters(stats_raw)
+    progress = make_progress(
+        enqueued=enqueued, committed=committed, staged=staged, dead=dead, rejected=rejected
+    )
+    recent_events = parse_events(recent_raw)
+    oldest_events = parse_events(oldest_raw)
+    started = run_started_s(
+        counters.get(FIRST_COMPLETION_AT), oldest_events[0].at_s if oldest_events else None
+    )
+    last_completion = recent_events[0].at_s if recent_events else None
+    paused = pause_state(client, run)
+    state = run_state(progress, completions=counters.get(COMPLETIONS, 0), paused=paused is not None)
+    ended = last_completion if state in (STATE_FINISHED, STATE_UPLOADING) and last_completion else now
+    window = recent_window_s(now, started)
+    window_events = events_in_window(parse_events(window_raw), now_s=now, window_s=window)
+    last_minute = window_rates(window_events, now_s=now, window_s=window)
+    completions = counters.get(COMPLETIONS, 0)
+    output_tokens = counters.get(COMPLETION_TOKENS, 0)
+    elapsed = max(0.0, ended - started) if started is not None else 0.0
+    eta = estimate_eta(progress.remaining, last_minute, now_s=now, paused=paused is not None)
+    heartbeats = read_heartbeats(client)
+    gpus = gpu_rows(window_events, window, heartbeats, {event.gpu for event in recent_events}, now_s=now)
+    entries = [decode_entry(raw) for raw in manifest]
+    queues = queue_depths(client)
+    stranded = stranded_warning(progress, queues, paused=paused is not None)
+    return RunStatus(
+        run=run,
+        now=now,
+        state=state,
+        progress=progress,
+        throughput=Throughput(
+            last_minute=last_minute,
+            whole_run=rates_over(completions, output_tokens, elapsed),
+            mean_output_tokens=output_tokens / completions if completions else None,
+            first_completion_at=started,
+            last_completion_at=last_completion,
+        ),
+        eta=eta,
+        cost=estimate_cost(
+            gpus=len(gpus),
+            elapsed_s=elapsed,
+            eta_s=eta.seconds,
+            price_per_gpu_hour=price_per_gpu_hour,
+            price_source=price_source,
+        ),
+        gpus=gpus,
+        queues=queues,
+        queues_note=IN_FLIGHT_NOTE,
+        upload=UploadBacklog(
+            staged=staged,
+            staged_bytes=int(staged_bytes or 0),
+            oldest_staged_age_s=max(0.0, now - oldest[0][1]) if oldest else None,
+            objects_committed=len(entries),
+            committed_bytes=sum(entry.bytes for entry in entries),
+        ),
+        dead_letters=dead_letters_by_reason(counters),
+        quality=quality_figures(counters),
+        gate=gate_figures(read_gate(client, run, settings.gate), settings),
+        paused=(
+            PauseFigures(reason=paused.reason, by=paused.by, at=paused.at, for_s=max(0.0, now - paused.at))
+            if paused is not None
+            else None
+        ),
+        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning],
+    )

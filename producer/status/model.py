@@ -1,0 +1,119 @@
+"""The status snapshot: records only, built by `producer.status.gather` and shown by the view and the
+metrics exporter."""
+
+from __future__ import annotations
+
+from inference.records import Record
+
+
+class Progress(Record, frozen=True):
+    enqueued: int  # the total: every prompt accepted into the run
+    committed: int  # in an object listed in the manifest
+    staged: int  # generated, awaiting upload
+    dead_lettered: int
+    rejected_rows: int  # refused at enqueue, never part of `enqueued`
+    remaining: int  # still to generate
+    committed_fraction: float
+
+
+class Rates(Record, frozen=True):
+    window_s: float
+    completions: int
+    output_tokens: int
+    completions_per_s: float
+    output_tokens_per_s: float
+
+
+class Throughput(Record, frozen=True):
+    last_minute: Rates
+    whole_run: Rates
+    mean_output_tokens: float | None
+    first_completion_at: float | None  # Redis clock, unix seconds
+    last_completion_at: float | None
+
+
+class Eta(Record, frozen=True):
+    seconds: float | None  # None: unknown, see `basis`
+    finishes_at: float | None  # unix seconds
+    basis: str
+
+
+class Cost(Record, frozen=True):
+    gpus: int
+    elapsed_s: float
+    gpu_hours: float
+    projected_gpu_hours: float | None
+    price_per_gpu_hour: float | None
+    so_far_usd: float | None
+    projected_total_usd: float | None
+    assumption: str
+
+
+class GpuRow(Record, frozen=True):
+    worker: str  # host/gpuN
+    output_tokens_per_s: float  # this run's, over the last minute
+    completions_last_minute: int
+    in_flight: int | None  # None: no live heartbeat
+    max_in_flight: int | None
+    spec_accept_length: float | None
+    server_health: int | None  # HTTP status of /health
+    suspended: bool | None
+    heartbeat_age_s: float | None
+
+
+class QueueDepth(Record, frozen=True):
+    queue: str
+    waiting: int
+    in_flight: int
+
+
+class UploadBacklog(Record, frozen=True):
+    staged: int
+    staged_bytes: int
+    oldest_staged_age_s: float | None
+    objects_committed: int
+    committed_bytes: int
+
+
+class QualityFigures(Record, frozen=True):
+    judged: int  # completions, plus truncations dropped by the run's policy
+    counts: dict[str, int]
+    rates: dict[str, float]
+    finish_reasons: dict[str, int]
+
+
+class GateFigures(Record, frozen=True):
+    judged_since_resume: int
+    min_completions: int
+    empty_answer_rate: float
+    max_empty_answer_rate: float
+    truncated_rate: float
+    max_truncated_rate: float
+    failing: str | None  # what the gate would say now; None when healthy or too early
+    truncated_thinking_policy: str
+
+
+class PauseFigures(Record, frozen=True):
+    reason: str
+    by: str
+    at: float
+    for_s: float
+
+
+class RunStatus(Record, frozen=True):
+    run: str
+    now: float  # Redis clock, unix seconds
+    state: str
+    progress: Progress
+    throughput: Throughput
+    eta: Eta
+    cost: Cost
+    gpus: list[GpuRow]
+    queues: list[QueueDepth]
+    queues_note: str
+    upload: UploadBacklog
+    dead_letters: dict[str, int]  # by reason
+    quality: QualityFigures
+    gate: GateFigures
+    paused: PauseFigures | None
+    warnings: list[str]
