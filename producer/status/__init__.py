@@ -9,8 +9,3 @@ model.py     the snapshot: RunStatus and the records it is made of
 figures.py   the pure figures: rates, windows, ETA, cost, GPU rows, quality, the run's state, warnings
 gather.py    the reading: `gather_status`, queue depths, the run's settings, Redis's clock
 """
-
-from producer.status.gather import gather_status
-from producer.status.model import RunStatus
-
-__all__ = ["RunStatus", "gather_status"]
