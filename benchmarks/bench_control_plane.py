@@ -30,10 +30,12 @@ from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from producer.publisher import BatchPublisher
+from producer.recover import write_run_settings
 from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import RunSettings
 from workers.settings import WorkerSettings
+from workers.storage import open_store
 
 INSTANT_SPEEDUP = 100_000.0
 TINY_THINKING_TOKENS = 20.0
@@ -78,7 +80,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch, SimulatorProcess(sim_settings) as sim:
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
-        redis_url = f"redis://127.0.0.1:{redis_process.argv[redis_process.argv.index('--port') + 1]}/0"
+        redis_url = redis_process.url
         client = redis.Redis.from_url(redis_url)
         env = worker_env(redis_url, {"DRAFTGEN_SERVER_URL": sim.url})
         workers = [start_celery_worker(f"cp{i}", "generate", env, logs) for i in range(args.workers)]
@@ -92,7 +94,9 @@ def main() -> int:
             cpu_before = redis_cpu_s(client)
             memory_before = int(client.info("memory")["used_memory"])
             enqueue_started = time.monotonic()
-            Enqueuer(client, pin_settings(client, settings), publisher, source="bench").enqueue(prompts)
+            pinned = pin_settings(client, settings)
+            write_run_settings(open_store(pinned.output_url), pinned)  # the uploader checks it
+            Enqueuer(client, pinned, publisher, source="bench").enqueue(prompts)
             publisher.close()
             enqueued = time.monotonic()
             ledger = RunLedger(client, "cp")

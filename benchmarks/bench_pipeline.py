@@ -37,10 +37,12 @@ from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
 from producer.enqueue import Enqueuer, pin_settings
 from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from producer.publisher import BatchPublisher
+from producer.recover import write_run_settings
 from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
+from workers.storage import open_store
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots
@@ -144,7 +146,9 @@ def pipeline_run(
             run=run, sampling=SAMPLING, output_url=(logs / run).as_uri(), batch_size=batch_size
         )
         publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
-        Enqueuer(client, pin_settings(client, settings), publisher, source="bench").enqueue(prompts)
+        pinned = pin_settings(client, settings)
+        write_run_settings(open_store(pinned.output_url), pinned)  # as enqueue does: the uploader checks it
+        Enqueuer(client, pinned, publisher, source="bench").enqueue(prompts)
         publisher.close()
         ledger = RunLedger(client, run)
         wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{run} to finish")
@@ -165,7 +169,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
-        redis_url = f"redis://127.0.0.1:{redis_process.argv[redis_process.argv.index('--port') + 1]}/0"
+        redis_url = redis_process.url
         settings = SimulatorSettings(
             speedup=args.speedup,
             max_running_requests=WINDOW,

@@ -69,6 +69,7 @@ from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import (
     PROJECT_ROOT,
     ManagedProcess,
+    RedisProcess,
     free_port,
     start_celery_worker,
     start_redis,
@@ -264,7 +265,7 @@ class Pipeline:
     redis_data: Path
     moto_url: str = ""
     proxy: FaultProxy | None = None
-    redis: ManagedProcess | None = None
+    redis: RedisProcess | None = None
     sims: list[SimulatorProcess] = field(default_factory=list)
     generators: dict[int, ManagedProcess] = field(default_factory=dict)
     uploader: ManagedProcess | None = None
@@ -273,7 +274,8 @@ class Pipeline:
 
     @property
     def redis_url(self) -> str:
-        return f"redis://{LOCALHOST}:{self.redis_port}/0"
+        assert self.redis is not None, "redis-server was never started"
+        return self.redis.url  # with its password, kept beside its data across restarts
 
     def worker_aws_env(self) -> dict[str, str]:
         assert self.proxy is not None
@@ -960,10 +962,9 @@ def drive(
         time.sleep(max(0.0, min(POLL_INTERVAL_S, runner.next_due_s() - now)))
 
 
-def redis_client(port: int) -> redis.Redis:
-    return redis.Redis(
-        host=LOCALHOST,
-        port=port,
+def redis_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
         socket_timeout=REDIS_SOCKET_TIMEOUT_S,
         socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
     )
@@ -986,7 +987,7 @@ def run_chaos(config: ChaosConfig, work_dir: Path, log: Log = print) -> ChaosRep
         data = work_dir / "prompts.jsonl"
         input_ids = write_prompts(data, config.prompts)
         start_pipeline(config, pipeline)
-        client = cleanup.enter_context(contextlib.closing(redis_client(pipeline.redis_port)))
+        client = cleanup.enter_context(contextlib.closing(redis_client(pipeline.redis_url)))
         counter = OutputCounter(s3, client, RUN_NAME, input_ids)
         report = ChaosReport(
             prompts=config.prompts, log_dir=str(logs), setup_s=round(time.monotonic() - setup_started, 1)

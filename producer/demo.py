@@ -27,9 +27,11 @@ from producer.local_stack import (
     flower_process,
     free_port,
     http_ok,
+    masked_url,
     start_celery_worker,
     start_redis,
     worker_env,
+    write_private_file,
 )
 from producer.settings import ProducerSettings
 from workers.ledger import RunLedger
@@ -39,6 +41,9 @@ DEFAULT_WORKDIR = Path(".demo")
 DEFAULT_GPUS = 2
 DEFAULT_SPEEDUP = 20.0  # the sample's ~700k output tokens take ~20 s instead of ~3 minutes on two GPUs
 DEFAULT_REDIS_PORT = 6390  # not 6379: never touch a Redis the user already runs
+# The demo's Redis URL with its password (made at the first start, kept beside the data), readable by
+# its owner only, for the commands the demo suggests; the screen shows the URL masked.
+REDIS_URL_FILE = "redis-url"
 DEFAULT_FLOWER_PORT = 5555
 DEFAULT_SERVER_BASE_PORT = 30000
 RUN_TIMEOUT_S = 600.0
@@ -85,16 +90,24 @@ class DemoStack:
             sim.stop()
 
 
+def redis_url_file(workdir: Path) -> Path:
+    return workdir.resolve() / REDIS_URL_FILE
+
+
 @contextlib.contextmanager
 def running_stack(args: argparse.Namespace, console: Console) -> Iterator[tuple[DemoStack, str, int]]:
     workdir: Path = args.workdir.resolve()
     logs = workdir / "logs"
     stack = DemoStack(workdir)
     try:
-        redis_port = port_or_free(args.redis_port)
-        stack.processes.append(start_redis(redis_port, workdir / "redis", logs))
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        console.print(f"redis-server      {redis_url} (AOF in {workdir / 'redis'})")
+        redis_server = start_redis(port_or_free(args.redis_port), workdir / "redis", logs)
+        stack.processes.append(redis_server)
+        redis_url = redis_server.url
+        write_private_file(redis_url_file(workdir), redis_url + "\n")
+        console.print(
+            f"redis-server      {masked_url(redis_url)} (AOF in {workdir / 'redis'}; "
+            f"the URL with its password in {redis_url_file(workdir)}, readable by you only)"
+        )
         for gpu in range(args.gpus):
             port = port_or_free(DEFAULT_SERVER_BASE_PORT + gpu)
             sim_settings = SimulatorSettings(port=port, speedup=args.speedup, enable_metrics=True)
@@ -158,8 +171,9 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
+        shown_url = masked_url(redis_url)
         console.print(
-            f"\n$ python -m producer --redis-url {redis_url} enqueue {args.data} --run {run} "
+            f"\n$ python -m producer --redis-url {shown_url} enqueue {args.data} --run {run} "
             f"--output {output}"
         )
         enqueue_args = [
@@ -175,7 +189,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         if producer_main(enqueue_args) != 0:
             return EXIT_FAILED
         wait_for_run(redis.Redis.from_url(redis_url), run, console)
-        console.print(f"\n$ python -m producer --redis-url {redis_url} verify --run {run}")
+        console.print(f"\n$ python -m producer --redis-url {shown_url} verify --run {run}")
         verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
         console.print(
             f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
@@ -187,7 +201,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             return EXIT_OK if verified == 0 else EXIT_FAILED
         console.print(
             f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
-            f"         python -m producer --redis-url {redis_url} status --run {run}\n"
+            f'         DRAFTGEN_REDIS_URL="$(cat {redis_url_file(args.workdir)})" '
+            f"python -m producer status --run {run}\n"
             "\nEverything is still running so you can look around. Press Ctrl-C to stop."
         )
         with contextlib.suppress(KeyboardInterrupt):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REDIS_CONF = PROJECT_ROOT / "deploy" / "redis.conf"
@@ -26,6 +28,15 @@ DEFAULT_STOP_TIMEOUT_S = 20.0
 POLL_INTERVAL_S = 0.05
 HTTP_PROBE_TIMEOUT_S = 2.0
 LOG_TAIL_LINES = 40
+LOCAL_REDIS_HOST = "127.0.0.1"
+LOCAL_REDIS_DB = 0
+# Beside the Redis data, readable by its owner only: `requirepass <password>`, made at the first start and
+# included by every later one (a restart on the same data, AOF and all, keeps its password).
+REDIS_AUTH_CONF = "redis-auth.conf"
+REDIS_PASSWORD_BYTES = 32  # 256 random bits, as 64 hex digits: nothing in them needs quoting in a URL
+REQUIREPASS_DIRECTIVE = "requirepass"
+PRIVATE_FILE_MODE = 0o600
+MASKED_PASSWORD = "***"
 
 
 class ProcessFailed(RuntimeError):
@@ -132,14 +143,87 @@ class ManagedProcess:
             self.kill()
 
 
-def redis_process(port: int, data_dir: Path, log_dir: Path) -> ManagedProcess:
+def write_private_file(path: Path, text: str) -> None:
+    """Create `path` readable and writable by its owner only, from the first byte (never briefly wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with os.fdopen(descriptor, "w") as private:
+        private.write(text)
+    path.chmod(PRIVATE_FILE_MODE)  # an older file keeps its mode through O_CREAT: narrow it too
+
+
+def _password_in(auth_conf: Path) -> str | None:
+    for line in auth_conf.read_text().splitlines():
+        directive, _, value = line.strip().partition(" ")
+        if directive == REQUIREPASS_DIRECTIVE and value.strip():
+            return value.strip()
+    return None
+
+
+def redis_password(data_dir: Path) -> tuple[str, Path]:
+    """The local Redis's password and the config file that sets it: made at the first start, kept."""
+    auth_conf = data_dir / REDIS_AUTH_CONF
+    if auth_conf.exists():
+        auth_conf.chmod(PRIVATE_FILE_MODE)
+        kept = _password_in(auth_conf)
+        if kept is not None:
+            return kept, auth_conf
+    password = secrets.token_hex(REDIS_PASSWORD_BYTES)
+    write_private_file(auth_conf, f"{REQUIREPASS_DIRECTIVE} {password}\n")
+    return password, auth_conf
+
+
+def local_redis_url(port: int, password: str, *, db: int = LOCAL_REDIS_DB) -> str:
+    return f"redis://:{password}@{LOCAL_REDIS_HOST}:{port}/{db}"
+
+
+def masked_url(url: str) -> str:
+    """The URL with its password (if any) shown as ***: for logs and the screen."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:{MASKED_PASSWORD}@{host}"))
+
+
+@dataclass
+class RedisProcess(ManagedProcess):
+    """A local redis-server with a password; `url` carries it (keep it off the screen: `masked_url`)."""
+
+    port: int = 0
+    password: str = field(default="", repr=False)
+
+    @property
+    def url(self) -> str:
+        return local_redis_url(self.port, self.password)
+
+    def url_for_db(self, db: int) -> str:
+        return local_redis_url(self.port, self.password, db=db)
+
+
+def redis_process(port: int, data_dir: Path, log_dir: Path) -> RedisProcess:
+    """redis-server with the shipped config, its data in `data_dir`, and the password of that data:
+    included from a file only its owner reads, so it is on no command line (`ps` shows argv to all)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    argv = ["redis-server", str(REDIS_CONF), "--port", str(port), "--dir", str(data_dir)]
-    return ManagedProcess(f"redis:{port}", argv, log_dir / f"redis-{port}.log")
+    password, auth_conf = redis_password(data_dir)
+    argv = [
+        "redis-server",
+        str(REDIS_CONF),
+        "--include",
+        str(auth_conf.resolve()),
+        "--port",
+        str(port),
+        "--dir",
+        str(data_dir),
+    ]
+    return RedisProcess(f"redis:{port}", argv, log_dir / f"redis-{port}.log", port=port, password=password)
 
 
-def start_redis(port: int, data_dir: Path, log_dir: Path) -> ManagedProcess:
-    process = redis_process(port, data_dir, log_dir).start()
+def start_redis(port: int, data_dir: Path, log_dir: Path) -> RedisProcess:
+    """Start redis-server on 127.0.0.1:`port` and wait until it serves; its `url` has the password."""
+    process = redis_process(port, data_dir, log_dir)
+    process.start()
     process.wait_for_log("Ready to accept connections")
     return process
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 from moto.server import ThreadedMotoServer
 
-from producer.local_stack import ManagedProcess, free_port, start_redis
+from producer.local_stack import RedisProcess, free_port, start_redis
 
 TEST_BUCKET = "draftgen-test"
 FAKE_AWS_ENV = {
@@ -23,11 +23,10 @@ FAKE_AWS_ENV = {
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server with the shipped config (AOF, noeviction), on a free port."""
+    """A real redis-server with the shipped config (AOF, noeviction) and its password, on a free port."""
     root = tmp_path_factory.mktemp("redis")
-    process: ManagedProcess = start_redis(free_port(), root / "data", root)
-    port = process.argv[process.argv.index("--port") + 1]
-    yield f"redis://127.0.0.1:{port}/0"
+    process: RedisProcess = start_redis(free_port(), root / "data", root)
+    yield process.url
     process.stop()
 
 

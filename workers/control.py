@@ -12,6 +12,7 @@ from workers.keys import RunKeys
 
 PAUSED_BY_USER = "user"
 PAUSED_BY_GATE = "quality-gate"
+PAUSED_BY_OUTPUT_PIN = "output-pin"  # the uploader: run.json at the output does not confirm it
 
 
 class PauseState(Record, frozen=True):

@@ -5,6 +5,8 @@ completions (up to a count and a byte budget) and dead letters (up to the same c
 objects under content-derived keys, create the part's manifest entry if absent (the commit point),
 then mark its prompts done and its dead letters committed in Redis in one atomic step. A flush
 interrupted after the manifest entry is adopted by the next one, so nothing is committed twice.
+Nothing of a run is written to an output whose run.json does not name that run and that output
+(workers/output_pin.py): the run is paused instead.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from workers.manifest import (
     manifest_key,
     server_key,
 )
+from workers.output_pin import OutputPin
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
 from workers.protocol import Scripts
 from workers.settings import UploadSettings
@@ -71,16 +74,20 @@ class Uploader:
         self.store_for_run = store_for_run
         self._scripts = Scripts.register(client)
         self._servers_written: set[tuple[str, str]] = set()  # (output URL, facts id)
+        self._output_pin = OutputPin(client)
 
     def flush(self, run: str) -> FlushReport:
-        """Commit every part that is due. Raises RetryLater when another flush holds the run."""
+        """Commit every part that is due. Raises RetryLater when another flush holds the run.
+        Commits nothing (and pauses the run) when the output's run.json does not confirm it."""
         ledger = RunLedger(self.client, run)
+        report = FlushReport()
+        store = self.store_for_run(run)
+        if not self._output_pin.confirm(run, store):
+            return report
         token = uuid.uuid4().hex
         lock_ms = int(self.settings.lock_s * MS_PER_S)
         if not self.client.set(ledger.keys.upload_lock, token, nx=True, px=lock_ms):
             raise RetryLater(f"another flush of run {run!r} is running", delay_s=LOCK_BUSY_RETRY_S)
-        report = FlushReport()
-        store = self.store_for_run(run)
         try:
             while (selection := self._due(ledger)) is not None:
                 if not self._scripts.extend_lock(keys=[ledger.keys.upload_lock], args=[token, lock_ms]):

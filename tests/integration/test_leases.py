@@ -146,7 +146,7 @@ def test_a_batch_handed_back_while_redis_was_away_is_free_for_its_retry_once_red
     # Given a batch leased against a Redis of its own, which then goes away (a restart)
     port = free_port()
     server = start_redis(port, tmp_path / "data", log_dir)
-    client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    client = redis.Redis.from_url(server.url)
     try:
         (batch,) = enqueue_batches(client, 1)
         keeper = LeaseKeeper(client, worker="gpu0", ttl_s=LONG_S)

@@ -172,7 +172,7 @@ def test_a_redis_restart_under_load_loses_no_batch_with_the_default_settings(
     # Given a run under way against a redis-server of its own (AOF on, as shipped)
     port = free_port()
     server = start_redis(port, tmp_path / "redis-data", log_dir)
-    stack = make_stack(f"redis://127.0.0.1:{port}/0", log_dir, sims)
+    stack = make_stack(server.url, log_dir, sims)
     try:
         stack.start()
         ledger = enqueue(stack, tmp_path, "redis-restart", 600)

@@ -28,11 +28,11 @@ RUN = "upload-test"
 
 
 def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> RunLedger:
+    """A run as `enqueue` leaves it: settings pinned in Redis and in the output's run.json, ids enqueued."""
     ledger = RunLedger(client, RUN)
-    client.set(
-        ledger.keys.settings,
-        encode_run_settings(RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output_url)),
-    )
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output_url)
+    client.set(ledger.keys.settings, encode_run_settings(settings))
+    write_run_settings(open_store(output_url), settings)
     client.sadd(ledger.keys.enqueued, *prompt_ids)
     return ledger
 

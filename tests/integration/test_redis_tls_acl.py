@@ -1,0 +1,124 @@
+"""The fleet's Redis as deploy/multi-node.md configures it: TLS only (rediss://, the server's certificate
+checked against a test CA) and one ACL user per role from deploy/redis-users.acl. The whole pipeline
+runs with each process as its own user, and no user is refused anything it needs; a worker's user is
+refused what it must not do."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from inference.simulator import SimulatorProcess
+from producer.local_stack import flower_process, free_port, http_ok, wait_until
+from tests.support import prompt_files
+from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
+from tests.support.stack import simulators
+from workers.keys import RunKeys
+from workers.ledger import RunLedger
+
+pytestmark = pytest.mark.integration
+
+SPEEDUP = 400.0
+PROMPTS = 64
+RUN = "tls-acl"
+FINISH_S = 60.0
+VERIFIED = "OK: every prompt committed exactly once or dead-lettered"
+# redis-py names itself with CLIENT SETINFO on connect and ignores a refusal (Redis 7.2 and later log it).
+IGNORED_REFUSALS = frozenset({"client|setinfo"})
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
+    root = tmp_path_factory.mktemp("redis-head")
+    head = start_redis_head(root, root)
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[list[SimulatorProcess]]:
+    started = simulators(1, speedup=SPEEDUP)
+    yield started
+    for sim in started:
+        sim.stop()
+
+
+def finished(stack: RoleStack, run: str) -> bool:
+    counts = RunLedger(redis.Redis.from_url(stack.redis_url), run).counts()
+    return counts.enqueued > 0 and counts.remaining == 0 and counts.staged == counts.dead_pending == 0
+
+
+def client_of(head: RedisHead, user: str) -> redis.Redis:
+    return redis.Redis.from_url(head.urls[user])
+
+
+def refusals(admin: redis.Redis) -> list[dict[str, Any]]:
+    """ACL LOG: every command, key or channel a user was refused."""
+    return [entry for entry in admin.acl_log(count=1000) if entry["object"] not in IGNORED_REFUSALS]
+
+
+def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refused_anything(
+    head: RedisHead, sims: list[SimulatorProcess], tmp_path: Path, log_dir: Path
+) -> None:
+    # Given the workers, the uploader and Flower each connected as their own user, over TLS
+    urls = head.urls
+    stack = RoleStack(
+        urls["producer"], log_dir, sims, worker_url=urls["worker"], uploader_url=urls["uploader"]
+    )
+    flower_port = free_port()
+    flower = flower_process(flower_port, stack.env(DRAFTGEN_REDIS_URL=urls["flower"]), log_dir)
+    try:
+        stack.start()
+        flower.start().wait_ready(lambda: http_ok(f"http://127.0.0.1:{flower_port}/healthcheck"))
+        # When the producer's user enqueues a run and it finishes
+        rows: list[object] = [prompt_files.as_messages(row) for row in prompt_files.questions(PROMPTS, "t")]
+        data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
+        output = stack.enqueue(data, RUN, "--output", str(tmp_path / "out"))
+        assert f"new                 {PROMPTS} prompts" in output
+        admin = client_of(head, "admin")
+        wait_until(lambda: finished(stack, RUN) or bool(refusals(admin)), timeout_s=FINISH_S, what=RUN)
+        # Then no user was refused anything on the way, and every prompt is committed exactly once
+        assert refusals(admin) == []
+        verified = stack.verify(RUN)
+        assert verified.returncode == 0 and VERIFIED in verified.stdout, verified.stdout + verified.stderr
+    finally:
+        flower.stop()
+        stack.stop()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("CONFIG", "GET", "*"), ("FLUSHALL",), ("FLUSHDB",), ("KEYS", "*"), ("ACL", "LIST"), ("SHUTDOWN",)],
+    ids=lambda command: " ".join(command),
+)
+def test_a_worker_s_user_is_refused_admin_commands(head: RedisHead, command: tuple[str, ...]) -> None:
+    worker = client_of(head, "worker")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.execute_command(*command)
+
+
+def test_a_worker_s_user_cannot_redirect_a_run_s_output_nor_mark_a_prompt_committed(head: RedisHead) -> None:
+    worker = client_of(head, "worker")
+    keys = RunKeys(RUN)
+    worker.get(keys.settings)  # reading is allowed: a worker needs the run's sampling
+    for key in (keys.settings, keys.manifest, keys.next_part):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.set(key, b"{}")
+
+
+def test_a_client_that_does_not_check_the_server_s_certificate_against_the_ca_is_refused(
+    head: RedisHead,
+) -> None:
+    url = head.urls["worker"].split("&ssl_ca_certs=")[0]  # the system's CAs: ours is not among them
+    with pytest.raises(redis.exceptions.ConnectionError, match="certificate verify failed"):
+        redis.Redis.from_url(url).ping()
+
+
+def test_the_default_user_is_off(head: RedisHead) -> None:
+    url = head.urls["worker"].replace("worker:", ":", 1)  # the worker's password, as the default user
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(url).ping()

@@ -1,0 +1,105 @@
+"""The head node's Redis as deploy/multi-node.md (section 1) configures it, on 127.0.0.1: TLS only, a test
+CA, and the ACL users of deploy/redis-users.acl with credentials from deploy/redis-credentials.sh."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from producer.local_stack import PROJECT_ROOT, REDIS_CONF, ManagedProcess, free_port, start_celery_worker
+from tests.support.stack import Stack
+from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
+
+CREDENTIALS_SCRIPT = PROJECT_ROOT / "deploy" / "redis-credentials.sh"
+ROLES = ("admin", "producer", "worker", "uploader", "flower")
+ENV_VARIABLE = "DRAFTGEN_REDIS_URL"
+
+
+@dataclass(frozen=True)
+class RedisHead:
+    process: ManagedProcess
+    urls: dict[str, str]  # user -> its rediss:// URL, as its env file holds it
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def url_in_env_file(path: Path) -> str:
+    """DRAFTGEN_REDIS_URL="..." from an env file the credentials script wrote."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition("=")
+        if name == ENV_VARIABLE:
+            return value.strip().strip('"')
+    raise AssertionError(f"{path} sets no {ENV_VARIABLE}")
+
+
+def head_config(root: Path, tls_port: int, certificates: CertificateFiles, acl_file: Path) -> Path:
+    """/etc/draftgen/redis-head.conf of the guide, with this test's paths and no plain-text port."""
+    config = root / "redis-head.conf"
+    config.write_text(
+        f"include {REDIS_CONF}\n"
+        f"bind {LOOPBACK_IP}\n"
+        "port 0\n"
+        f"tls-port {tls_port}\n"
+        f"tls-cert-file {certificates.server_cert}\n"
+        f"tls-key-file {certificates.server_key}\n"
+        f"tls-ca-cert-file {certificates.ca_cert}\n"
+        "tls-auth-clients no\n"
+        f"aclfile {acl_file}\n"
+        f"dir {root / 'data'}\n"
+    )
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    return config
+
+
+def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
+    """Credentials, TLS certificates and redis-server, as the guide sets up the head node."""
+    tls_port = free_port()
+    etc = root / "etc"
+    certificates = make_test_certificates(root / "tls")
+    subprocess.run(
+        [
+            str(CREDENTIALS_SCRIPT),
+            "--dir",
+            str(etc),
+            "--host",
+            LOOPBACK_IP,
+            "--port",
+            str(tls_port),
+            "--ca",
+            str(certificates.ca_cert),
+            "--redis-user",
+            getpass.getuser(),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    config = head_config(root, tls_port, certificates, etc / "redis-users.acl")
+    process = ManagedProcess("redis-head", ["redis-server", str(config)], log_dir / "redis-head.log").start()
+    process.wait_for_log("Ready to accept connections")
+    return RedisHead(process, {role: url_in_env_file(etc / f"redis-{role}.env") for role in ROLES})
+
+
+@dataclass
+class RoleStack(Stack):
+    """A Stack whose generate workers and uploader each connect as their own Redis user
+    (`redis_url`, used by the producer commands and the waits, is the producer's)."""
+
+    worker_url: str = ""
+    uploader_url: str = ""
+
+    def start_generator(self, gpu: int) -> ManagedProcess:
+        sim = self.sims[gpu]
+        env = self.env(**{ENV_VARIABLE: self.worker_url}, DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu))
+        worker = start_celery_worker(f"gen{gpu}-{len(self.generators)}", "generate", env, self.log_dir)
+        self.generators.append(worker)
+        return worker
+
+    def start_uploader(self) -> ManagedProcess:
+        self.uploads_started += 1
+        env = self.env(**{ENV_VARIABLE: self.uploader_url})
+        name = f"upload{self.uploads_started}"
+        self.uploader = start_celery_worker(name, "upload", env, self.log_dir, concurrency=1)
+        return self.uploader

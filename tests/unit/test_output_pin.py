@@ -1,0 +1,122 @@
+"""The uploader writes a run's parts only to an output whose run.json names that run and that output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inference.records import SamplingSettings
+from workers.control import PAUSED_BY_OUTPUT_PIN, pause_state
+from workers.keys import RunKeys
+from workers.manifest import SETTINGS_KEY
+from workers.output_pin import OutputPin, output_pin_mismatch
+from workers.runs import RunSettings, encode_run_settings
+from workers.storage import ObjectStore, open_store
+
+RUN = "pinned-run"
+
+
+class DictRedis:
+    """The two string commands pausing uses, over a dict."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def set(self, key: str, value: bytes, *, nx: bool = False) -> bool:
+        if nx and key in self.values:
+            return False
+        self.values[key] = value
+        return True
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+
+def folder(tmp_path: Path, name: str) -> ObjectStore:
+    return open_store((tmp_path / name).as_uri())
+
+
+def write_run_json(store: ObjectStore, *, run: str = RUN, output_url: str | None = None) -> None:
+    settings = RunSettings(run=run, sampling=SamplingSettings(), output_url=output_url or store.url)
+    store.put(SETTINGS_KEY, encode_run_settings(settings))
+
+
+def test_an_output_whose_run_json_names_the_run_and_itself_is_confirmed(tmp_path: Path) -> None:
+    store = folder(tmp_path, "out")
+    write_run_json(store)
+    assert output_pin_mismatch(RUN, store) is None
+
+
+def test_an_output_without_run_json_is_refused(tmp_path: Path) -> None:
+    reason = output_pin_mismatch(RUN, folder(tmp_path, "elsewhere"))
+    assert reason is not None and "holds no run.json" in reason
+
+
+def test_an_output_whose_run_json_names_another_run_is_refused(tmp_path: Path) -> None:
+    store = folder(tmp_path, "out")
+    write_run_json(store, run="another-run")
+    reason = output_pin_mismatch(RUN, store)
+    assert reason is not None and "names run 'another-run'" in reason
+
+
+def test_an_output_whose_run_json_pins_another_output_is_refused(tmp_path: Path) -> None:
+    # Given run.json copied into a folder the run was never enqueued to
+    store = folder(tmp_path, "copy")
+    write_run_json(store, output_url=(tmp_path / "out").as_uri())
+    reason = output_pin_mismatch(RUN, store)
+    assert reason is not None and "pins its output" in reason and (tmp_path / "out").as_uri() in reason
+
+
+def test_an_unreadable_run_json_is_refused(tmp_path: Path) -> None:
+    store = folder(tmp_path, "out")
+    store.put(SETTINGS_KEY, b"{not json")
+    reason = output_pin_mismatch(RUN, store)
+    assert reason is not None and "unreadable" in reason
+
+
+def test_a_trailing_slash_does_not_make_another_output(tmp_path: Path) -> None:
+    store = folder(tmp_path, "out")
+    write_run_json(store, output_url=store.url + "/")
+    assert output_pin_mismatch(RUN, store) is None
+
+
+def test_a_refused_output_pauses_the_run_with_the_reason() -> None:
+    client = DictRedis()
+    pin = OutputPin(client)
+    assert not pin.confirm(RUN, open_store("file:///nonexistent/draftgen-output"))
+    state = pause_state(client, RUN)
+    assert state is not None and state.by == PAUSED_BY_OUTPUT_PIN and "holds no run.json" in state.reason
+
+
+def test_a_confirmed_output_is_read_once_per_run(tmp_path: Path) -> None:
+    client = DictRedis()
+    pin = OutputPin(client)
+    store = folder(tmp_path, "out")
+    write_run_json(store)
+    assert pin.confirm(RUN, store)
+    store.delete(SETTINGS_KEY)
+    assert pin.confirm(RUN, store)  # remembered: no second read
+    assert pause_state(client, RUN) is None
+
+
+def test_once_confirmed_a_run_is_refused_any_other_output_even_one_that_names_it(tmp_path: Path) -> None:
+    # Given a run whose output this uploader confirmed
+    client = DictRedis()
+    pin = OutputPin(client)
+    first = folder(tmp_path, "out")
+    write_run_json(first)
+    assert pin.confirm(RUN, first)
+    # When Redis later names another output, whose run.json was forged to match
+    forged = folder(tmp_path, "forged")
+    write_run_json(forged)
+    # Then nothing goes there and the run is paused
+    assert not pin.confirm(RUN, forged)
+    state = pause_state(client, RUN)
+    assert state is not None and "this uploader confirmed" in state.reason
+
+
+def test_a_run_already_paused_keeps_its_first_reason_and_stays_refused(tmp_path: Path) -> None:
+    client = DictRedis()
+    client.set(RunKeys(RUN).paused, b'{"reason":"by hand","by":"user","at":1.0}')
+    assert not OutputPin(client).confirm(RUN, folder(tmp_path, "empty"))
+    state = pause_state(client, RUN)
+    assert state is not None and state.reason == "by hand"
