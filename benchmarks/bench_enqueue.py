@@ -117,8 +117,7 @@ def main() -> int:
         write_dataset(small, min(SMALL_ROWS, args.rows), args.long_prompts)
         raw_bytes = write_dataset(full, args.rows, args.long_prompts)
         process = start_redis(free_port(), root / "redis", root)
-        port = process.argv[process.argv.index("--port") + 1]
-        redis_url = f"redis://127.0.0.1:{port}/0"
+        redis_url = process.url
         client = redis.Redis.from_url(redis_url)
         try:
             small_s, small_rss = enqueue(small, redis_url, "small")

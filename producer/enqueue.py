@@ -7,27 +7,42 @@ messages published, and each batch leaves the outbox once published. A crash any
 either nothing or batches in the outbox, which the next `enqueue` publishes first. Rejected rows go
 to the object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
 prompt is never placed in two batches by two enqueues racing.
+
+An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
+first version is kept, and the later row is rejected naming the row (or the earlier enqueue) that
+holds the kept one. Explicit ids keep a short content digest in Redis for that (`fingerprints:<bucket>`).
+
+Ctrl-C stops at a chunk boundary: a chunk's store-and-claim step runs with SIGINT held back, and the
+chunks already stored finish publishing, so the run holds whole batches only and the report counts
+exactly what was enqueued; running the same command again adds only the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import threading
+import time
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
+from types import FrameType
 
 import msgspec
 import redis
 
 from inference.records import Prompt, PromptBatch, Record
 from producer.errors import EnqueueBusy, SettingsError
+from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
 from producer.rows import RejectedRow
 from workers.codec import encode_blob
 from workers.jsonl_io import to_jsonl
-from workers.keys import RUNS_KEY, RunKeys
+from workers.keys import FINGERPRINT_BUCKETS, RUNS_KEY, RunKeys
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, ORPHANED, Scripts
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
@@ -42,6 +57,9 @@ ENQUEUE_LEASE_S = 60  # renewed per chunk; a crashed enqueue blocks the next one
 MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
+FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart
+FINGERPRINT_SEPARATOR = "|"
+HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
 
 
 class StoredRejection(Record, frozen=True):
@@ -61,11 +79,93 @@ class EnqueueReport:
     new: int = 0
     already_there: int = 0
     requeued_orphans: int = 0  # held by the run but by no batch (after `recover`): batched again
-    duplicates_in_input: int = 0
-    rejected: list[RejectedRow] = field(default_factory=list)
+    duplicates_in_input: int = 0  # the same id with the same content as an earlier row
+    rejected: list[RejectedRow] = field(default_factory=list)  # the first MAX_REJECTIONS_SHOWN
     rejected_count: int = 0
+    conflicts: list[RejectedRow] = field(default_factory=list)  # same id, other content: the first shown
+    conflict_count: int = 0
     batches: int = 0
     republished_batches: int = 0
+    interrupted: bool = False  # Ctrl-C: the counts are exactly what was enqueued before it
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Which content an id was enqueued with, and where: kept for explicit ids only."""
+
+    digest: str
+    enqueue_number: int  # 1 for the run's first enqueue
+    row: int
+
+    def encode(self) -> str:
+        return FINGERPRINT_SEPARATOR.join((self.digest, str(self.enqueue_number), str(self.row)))
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> Fingerprint | None:
+        parts = raw.decode().split(FINGERPRINT_SEPARATOR) if raw is not None else []
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            return None  # absent, or not ours: no conflict can be told
+        return cls(digest=parts[0], enqueue_number=int(parts[1]), row=int(parts[2]))
+
+
+def fingerprint_bucket(prompt_id: str) -> int:
+    """Which of the run's fingerprint hashes holds this id (stable across processes and versions)."""
+    return zlib.crc32(prompt_id.encode()) % FINGERPRINT_BUCKETS
+
+
+def content_digest(prompt: Prompt) -> str | None:
+    """A short digest of the prompt's messages; None for a hashed id, which is its content's digest."""
+    full = hashed_id(prompt.messages)
+    if prompt.id == full:
+        return None
+    return full.removeprefix(HASHED_ID_PREFIX)[:FINGERPRINT_HEX_CHARS]
+
+
+class EnqueueNote(Record, frozen=True):
+    """One `enqueue` of the run, named in conflicts with its rows: what it read, and when (unix s)."""
+
+    source: str
+    at: float
+
+    def describe(self, number: int) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
+        return f"enqueue {number} ({self.source} at {when})"
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block's Redis
+    claim and object-store record happen together or not at all. A second Ctrl-C raises at once."""
+    previous = signal.getsignal(signal.SIGINT)
+    usable = threading.current_thread() is threading.main_thread() and callable(previous)
+    if not usable:  # signals reach the main thread only; an ignored or foreign handler stays as it is
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
+
+
+def check_same_settings(pinned: RunSettings, given: RunSettings) -> None:
+    """Refuse settings that differ from the pinned ones, showing each difference."""
+    changed = differences(pinned, given)
+    if changed:
+        raise SettingsError(
+            f"run {given.run!r} was started with other settings; refusing to mix them:\n  "
+            + "\n  ".join(changed)
+            + "\nUse the pinned values, or a new --run name."
+        )
 
 
 def pin_settings(client: redis.Redis, settings: RunSettings) -> RunSettings:
@@ -74,13 +174,7 @@ def pin_settings(client: redis.Redis, settings: RunSettings) -> RunSettings:
     client.set(keys.settings, encode_run_settings(settings), nx=True)
     client.sadd(RUNS_KEY, settings.run)
     pinned = decode_run_settings(client.get(keys.settings))
-    changed = differences(pinned, settings)
-    if changed:
-        raise SettingsError(
-            f"run {settings.run!r} was started with other settings; refusing to mix them:\n  "
-            + "\n  ".join(changed)
-            + "\nUse the pinned values, or a new --run name."
-        )
+    check_same_settings(pinned, settings)
     return pinned
 
 
@@ -127,6 +221,8 @@ class Enqueuer:
         self.session_key = self.keys.enqueue_session(self.session_id)
         self._scripts = Scripts.register(client)
         self._requeue_orphans = False
+        self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
+        self._notes: dict[int, str] = {}
 
     def _hold_lease(self) -> None:
         """Take or renew the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
@@ -142,30 +238,40 @@ class Enqueuer:
         )
 
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
-        """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones."""
+        """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones.
+        Ctrl-C ends it at a chunk boundary with `report.interrupted` set (see the module docstring)."""
         report = EnqueueReport()
         self._hold_lease()
-        # With no batch open, nothing carries a prompt the run holds but has not finished: it was held
-        # by batches Redis lost (see `recover`), and is batched again. With batches open, every such
-        # prompt is in one of them.
-        self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
-        report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
+        try:
+            # With no batch open, nothing carries a prompt the run holds but has not finished: it was
+            # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
+            # such prompt is in one of them.
+            self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
+            report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
+            note = EnqueueNote(source=self.source, at=time.time())
+            self.enqueue_number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(note)))
+            self._enqueue_chunks(items, report)
+        except KeyboardInterrupt:
+            report.interrupted = True
+        finally:
+            self.client.delete(self.session_key)
+            self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
+        return report
+
+    def _enqueue_chunks(self, items: Iterable[Prompt | RejectedRow], report: EnqueueReport) -> None:
+        # On Ctrl-C, leaving the executor waits for the chunks stored so far to be published.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-publish") as publishing:
             in_flight: deque[Future[None]] = deque()
-            try:
-                for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
-                    self._hold_lease()
+            for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                self._hold_lease()
+                with interrupts_deferred():
                     batch_ids = self._store_chunk(chunk, report)
                     if batch_ids:
                         in_flight.append(publishing.submit(self._publish_stored, batch_ids))
-                    while in_flight and (in_flight[0].done() or len(in_flight) > CHUNKS_PUBLISHING):
-                        in_flight.popleft().result()
-                while in_flight:
+                while in_flight and (in_flight[0].done() or len(in_flight) > CHUNKS_PUBLISHING):
                     in_flight.popleft().result()
-            finally:
-                self.client.delete(self.session_key)
-                self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
-        return report
+            while in_flight:
+                in_flight.popleft().result()
 
     def _publish_stored(self, batch_ids: list[str]) -> None:
         """Publish stored batches, then take them out of the outbox."""
@@ -175,8 +281,8 @@ class Enqueuer:
     def _store_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> list[str]:
         """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids."""
         prompts = [item for item in chunk if isinstance(item, Prompt)]
-        self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], report)
-        new = self._new_prompts(prompts, report)
+        new, conflicts = self._new_prompts(prompts, report)
+        self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
         if not new:
             return []
         size = self.settings.batch_size
@@ -189,6 +295,7 @@ class Enqueuer:
         ids = msgspec.json.encode([p.id for p in new])
         if self.store is not None:  # before Redis: the output never lacks an id the run holds
             self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), ids)
+        self._remember_fingerprints(new)
         keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
         args: list[str | bytes | int] = [ids, SESSION_TTL_S]
         for batch in batches:
@@ -199,37 +306,101 @@ class Enqueuer:
         report.batches += len(batches)
         return [batch.batch_id for batch in batches]
 
-    def _new_prompts(self, prompts: list[Prompt], report: EnqueueReport) -> list[Prompt]:
+    def _new_prompts(
+        self, prompts: list[Prompt], report: EnqueueReport
+    ) -> tuple[list[Prompt], list[RejectedRow]]:
+        """The prompts to batch, and the rows whose id the run (or this input) holds with other content."""
         if not prompts:
-            return []
+            return [], []
         ids = msgspec.json.encode([p.id for p in prompts])
         keys = [self.keys.enqueued, self.session_key, self.keys.done, self.keys.staged, self.keys.dead]
         requeue = "1" if self._requeue_orphans else "0"
         statuses = self._scripts.classify(keys=keys, args=[ids, requeue]).decode()
+        held = [p.id for p, status in zip(prompts, statuses, strict=True) if status in HELD_STATUSES]
+        seen = self._stored_fingerprints(held)
         new: list[Prompt] = []
-        seen_in_chunk: set[str] = set()
+        conflicts: list[RejectedRow] = []
+        seen_in_chunk: dict[str, Prompt] = {}
         for prompt, status in zip(prompts, statuses, strict=True):
-            if status == DUPLICATE_IN_INPUT or prompt.id in seen_in_chunk:
+            earlier_in_chunk = seen_in_chunk.get(prompt.id)
+            earlier = self._fingerprint(earlier_in_chunk) if earlier_in_chunk else seen.get(prompt.id)
+            if earlier is not None and earlier.digest != content_digest(prompt):
+                conflicts.append(self._conflict(prompt, earlier))
+            elif status == DUPLICATE_IN_INPUT or earlier_in_chunk is not None:
                 report.duplicates_in_input += 1
             elif status == ALREADY_THERE:
                 report.already_there += 1
-            elif status == ORPHANED:
-                report.requeued_orphans += 1
-                seen_in_chunk.add(prompt.id)
-                new.append(prompt)
             else:
-                seen_in_chunk.add(prompt.id)
+                if status == ORPHANED:
+                    report.requeued_orphans += 1
+                seen_in_chunk[prompt.id] = prompt
                 new.append(prompt)
-        return new
+        return new, conflicts
 
-    def _record_rejections(self, rejected: list[RejectedRow], report: EnqueueReport) -> None:
-        if not rejected:
+    def _fingerprint(self, prompt: Prompt) -> Fingerprint | None:
+        digest = content_digest(prompt)
+        if digest is None:
+            return None
+        return Fingerprint(digest=digest, enqueue_number=self.enqueue_number, row=prompt.row)
+
+    def _stored_fingerprints(self, prompt_ids: list[str]) -> dict[str, Fingerprint]:
+        if not prompt_ids:
+            return {}
+        with self.client.pipeline(transaction=False) as pipe:
+            for prompt_id in prompt_ids:
+                pipe.hget(self.keys.fingerprints(fingerprint_bucket(prompt_id)), prompt_id)
+            raws = pipe.execute()
+        found = {pid: Fingerprint.decode(raw) for pid, raw in zip(prompt_ids, raws, strict=True)}
+        return {pid: fingerprint for pid, fingerprint in found.items() if fingerprint is not None}
+
+    def _remember_fingerprints(self, prompts: list[Prompt]) -> None:
+        """Before the claim: every claimed explicit id has its fingerprint (a crash between leaves only
+        fingerprints of unclaimed ids, overwritten when they are claimed)."""
+        buckets: dict[int, dict[str, str]] = {}
+        for prompt in prompts:
+            fingerprint = self._fingerprint(prompt)
+            if fingerprint is not None:
+                buckets.setdefault(fingerprint_bucket(prompt.id), {})[prompt.id] = fingerprint.encode()
+        if not buckets:
             return
-        mapping = {rejection_key(self.source, r): msgspec.json.encode(r) for r in rejected}
+        with self.client.pipeline(transaction=False) as pipe:
+            for bucket, mapping in buckets.items():
+                pipe.hset(self.keys.fingerprints(bucket), mapping=mapping)
+            pipe.execute()
+
+    def _conflict(self, prompt: Prompt, earlier: Fingerprint) -> RejectedRow:
+        if earlier.enqueue_number == self.enqueue_number:
+            where, kept = f"row {earlier.row} of this input", f"row {earlier.row}'s version"
+        else:
+            where = f"row {earlier.row} of {self._note(earlier.enqueue_number)}"
+            kept = "the version enqueued then"
+        return RejectedRow(
+            row=prompt.row,
+            reason=f"id {prompt.id!r} conflicts with {where}: same id, other content; kept {kept}, "
+            "dropped this row",
+        )
+
+    def _note(self, number: int) -> str:
+        if number not in self._notes:
+            # LRANGE, not LINDEX: the producer's Redis user (deploy/redis-users.acl) may run only LRANGE
+            found = self.client.lrange(self.keys.enqueues, number - 1, number - 1)
+            note = msgspec.json.decode(found[0], type=EnqueueNote) if found else None
+            self._notes[number] = note.describe(number) if note else f"enqueue {number}"
+        return self._notes[number]
+
+    def _record_rejections(
+        self, rejected: list[RejectedRow], conflicts: list[RejectedRow], report: EnqueueReport
+    ) -> None:
+        """Keep refused rows (unparsable ones and conflicts) in Redis and the object store, for `rejects`."""
+        refused = rejected + conflicts
+        if not refused:
+            return
+        mapping = {rejection_key(self.source, r): msgspec.json.encode(r) for r in refused}
         if self.store is not None:
-            records = to_jsonl(StoredRejection(source=self.source, rejected=r) for r in rejected)
+            records = to_jsonl(StoredRejection(source=self.source, rejected=r) for r in refused)
             self.store.put(content_key(REJECTED_PREFIX, records, ".jsonl"), records)
         self.client.hset(self.keys.rejected, mapping=mapping)
         report.rejected_count += len(rejected)
-        room = MAX_REJECTIONS_SHOWN - len(report.rejected)
-        report.rejected.extend(rejected[: max(room, 0)])
+        report.rejected.extend(rejected[: max(MAX_REJECTIONS_SHOWN - len(report.rejected), 0)])
+        report.conflict_count += len(conflicts)
+        report.conflicts.extend(conflicts[: max(MAX_REJECTIONS_SHOWN - len(report.conflicts), 0)])

@@ -1,35 +1,77 @@
-"""Errors of the producer side. A bad row never raises: it becomes a `RejectedRow`.
+"""Errors of the producer side, one tree. A bad row never raises: it becomes a `RejectedRow`.
+
+Each branch says whether running the same command again can help, and sets the exit code:
 
 ProducerError
-├── SourceError       the DATA argument cannot be read at all (missing, unknown type, unreadable)
-├── SettingsError     the run's settings are invalid, or differ from the ones pinned at its start
-├── RunNotFound       the named run was never enqueued
-├── EnqueueBusy       another `enqueue` of the same run is at work
-└── RedisUnavailable  Redis could not be reached or refused a command (status, pause, resume)
+├── UsageError          exit 2, retrying cannot help: the command, an option, the input or the
+│   │                   environment is wrong; fix it, then run the command again
+│   ├── SourceError     the DATA argument cannot be read at all (missing, empty, unknown type, unreadable)
+│   ├── SettingsError   the run's settings are invalid, or differ from the ones pinned at its start
+│   ├── OutputError     --output cannot hold a run (a file, a system folder, a URL without a bucket)
+│   └── RunNotFound     the named run was never enqueued
+├── Unavailable         exit 1, retrying helps once the cause clears: a service is down or busy
+│   ├── RedisUnavailable   Redis could not be reached or refused a command (password, TLS)
+│   ├── OutputUnavailable  the object store could not be reached or refused (credentials, bucket)
+│   └── EnqueueBusy        another `enqueue` of the same run is at work
+└── RunStateBroken      exit 1, retrying cannot help: the run's state in Redis is unreadable;
+                        `recover` from the output rebuilds it
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
 
 class ProducerError(Exception):
-    """Root of the producer-side errors."""
+    """Root of the producer-side errors. One outside the branches below (an export's) is a usage error."""
+
+    exit_code: ClassVar[int] = EXIT_USAGE
+    retry_helps: ClassVar[bool] = False
 
 
-class SourceError(ProducerError):
+class UsageError(ProducerError):
+    """The command as given can never work: something the user typed or provided must change."""
+
+
+class SourceError(UsageError):
     """The DATA argument cannot be read at all: the whole source is unusable, not one row."""
 
 
-class SettingsError(ProducerError):
+class SettingsError(UsageError):
     """The run's settings are invalid, or differ from the ones pinned at its first enqueue."""
 
 
-class RunNotFound(ProducerError):
+class OutputError(UsageError):
+    """The output location cannot hold a run's output (not a folder, a system folder, a bad URL)."""
+
+
+class RunNotFound(UsageError):
     """No run of that name exists in Redis."""
 
 
-class EnqueueBusy(ProducerError):
+class Unavailable(ProducerError):
+    """Something the command needs is down or busy; the same command can succeed later."""
+
+    exit_code = EXIT_FAILED
+    retry_helps = True
+
+
+class RedisUnavailable(Unavailable):
+    """Redis could not be reached, or refused a command."""
+
+
+class OutputUnavailable(Unavailable):
+    """The object store could not be reached, or refused (missing credentials, no such bucket)."""
+
+
+class EnqueueBusy(Unavailable):
     """Another `enqueue` of the same run holds its enqueue lease: two at once could batch a prompt twice."""
 
 
-class RedisUnavailable(ProducerError):
-    """Redis could not be reached, or refused a command."""
+class RunStateBroken(ProducerError):
+    """The run's state in Redis cannot be read (written by another version, or edited by hand)."""
+
+    exit_code = EXIT_FAILED

@@ -96,7 +96,12 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
         raise SettingsError(f"{store.url} belongs to run {stored.run!r}, not {run!r}")
     keys = RunKeys(run)
     report.settings_restored = bool(client.set(keys.settings, encode_run_settings(stored), nx=True))
-    pinned = decode_run_settings(client.get(keys.settings))
+    try:
+        pinned = decode_run_settings(client.get(keys.settings))
+    except msgspec.DecodeError:  # unreadable (a NaN pinned as null by an older version): the output's wins
+        client.set(keys.settings, encode_run_settings(stored))
+        report.settings_restored = True
+        pinned = stored
     changed = differences(pinned, stored)
     if changed:
         raise SettingsError(

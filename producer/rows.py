@@ -17,6 +17,8 @@ The model generates the NEXT assistant turn, so trailing assistant turns are dro
 left must end with a user turn. Every user turn must hold a non-whitespace character; contents
 are otherwise kept exactly as written (see prompt_ids.py for why nothing is stripped).
 
+Any text holding a NUL character (JSON's \\u0000) is a rejection: it is never meant as text.
+
 A rejection reason reads "<field path>: <problem>", e.g. "messages[2].content: must be a string
 or a list of content parts, got int".
 """
@@ -52,6 +54,7 @@ SHAREGPT_ROLES = {
 }
 TOOL_ROLES = frozenset({"tool", "function", "ipython", "function_call", "observation"})
 TEXT_PART_TYPE = "text"
+NUL = "\x00"
 CONTENT_PATHS = {
     MESSAGES_FIELD: MESSAGES_FIELD + "[{index}].content",
     CONVERSATIONS_FIELD: CONVERSATIONS_FIELD + "[{index}].value",
@@ -87,6 +90,8 @@ def parse_row(raw: object, *, row: int, file: str = "") -> Prompt | RejectedRow:
             raise _Rejection(f"row: must be a JSON object, got {_type_name(raw)}")
         messages = _normalised_messages(raw)
         prompt_id = explicit_id(raw) or hashed_id(messages)
+        if NUL in prompt_id:
+            raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
         return RejectedRow(row=row, reason=str(rejection), file=file)
     return Prompt(id=prompt_id, messages=messages, row=row)
@@ -167,7 +172,7 @@ def _mapped_role(value: object, roles: Mapping[str, str], path: str) -> str:
 
 def _content_text(value: object, path: str) -> str:
     if isinstance(value, str):
-        return value
+        return _without_nul(value, path)
     if not isinstance(value, list):
         raise _Rejection(f"{path}: must be a string or a list of content parts, got {_type_name(value)}")
     texts = []
@@ -185,7 +190,15 @@ def _content_text(value: object, path: str) -> str:
 def _string(value: object, path: str) -> str:
     if not isinstance(value, str):
         raise _Rejection(f"{path}: must be a string, got {_type_name(value)}")
-    return value
+    return _without_nul(value, path)
+
+
+def _without_nul(text: str, path: str) -> str:
+    """A NUL character is never text: C-string layers (tokenizers, logs, terminals) cut it or the text."""
+    position = text.find(NUL)
+    if position >= 0:
+        raise _Rejection(f"{path}: holds a NUL character (\\u0000) at character {position + 1}")
+    return text
 
 
 def _with_system_field(turns: list[Message], system: object) -> list[Message]:

@@ -1,4 +1,6 @@
-"""The producer's own settings (where Redis is), read from the environment at the edge."""
+"""The producer's own settings (where Redis is), read from the environment at the edge.
+
+Building them refuses an unknown `DRAFTGEN_*` variable (workers.settings.InvalidSetting)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX
+from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX, check_environment
 
 DEFAULT_OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
+REDIS_URL_ENV = ENV_PREFIX + "REDIS_URL"
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,8 @@ class ProducerSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProducerSettings:
         source = os.environ if env is None else env
+        check_environment(source)  # a mistyped DRAFTGEN_* variable is refused, naming the nearest one
         return cls(
-            redis_url=source.get(ENV_PREFIX + "REDIS_URL") or DEFAULT_REDIS_URL,
+            redis_url=source.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL,
             default_output=source.get(DEFAULT_OUTPUT_ENV) or cls.default_output,
         )

@@ -335,7 +335,9 @@ class _LocalStore:
             raise SourceError(f"{data}: no such file or folder")
 
     def is_file(self, name: str) -> bool:
-        return Path(name).is_file()
+        """A regular file, or a named pipe read as one (`mkfifo p.jsonl; zcat big.jsonl.gz > p.jsonl &`)."""
+        path = Path(name)
+        return path.is_file() or path.is_fifo()
 
     def list_under(self, folder: str) -> dict[str, str]:
         root = Path(folder)

@@ -1,4 +1,5 @@
-"""`python -m producer status|pause|resume`: see a run, and stop or restart its generation by hand."""
+"""`python -m producer status|pause|resume|rejects`: see a run, stop or restart its generation by hand,
+and list in full the rows refused at enqueue and the prompts dead-lettered."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ import redis
 from rich.console import Console
 from rich.live import Live
 
+from inference.records import DeadLetter, Record
 from producer import metrics_exporter
-from producer.errors import RedisUnavailable, SettingsError
+from producer.errors import RedisUnavailable, RunNotFound, SettingsError
+from producer.output_record import read_committed, read_rejections
+from producer.rows import RejectedRow
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status, load_settings
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
 from workers.batches import PAUSED_RETRY_S
 from workers.control import PAUSED_BY_USER, pause, pause_state, resume
-from workers.keys import check_run_name
+from workers.keys import RunKeys, check_run_name
+from workers.storage import normalise_output_url, open_store
 
 PRICE_ENV = "DRAFTGEN_PRICE_PER_GPU_HOUR"
 DEFAULT_WATCH_INTERVAL_S = 2.0
@@ -31,6 +36,8 @@ DEFAULT_PAUSE_REASON = "paused by hand"
 EXIT_OK = 0
 EXIT_FAILED = 1
 LIVE_REFRESHES_PER_S = 4
+REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
+LISTED_KINDS = ("rejected", "dead")
 
 Handler = Callable[[argparse.Namespace, ProducerSettings], int]
 
@@ -140,6 +147,109 @@ def cmd_resume(args: argparse.Namespace, settings: ProducerSettings) -> int:
     return EXIT_OK
 
 
+class ListedRejection(Record, frozen=True):
+    """A row refused at enqueue: the DATA argument it came from, its file and row, and why."""
+
+    source: str
+    file: str
+    row: int
+    reason: str
+
+
+class RejectsListing(Record, frozen=True):
+    run: str
+    rejected: list[ListedRejection]
+    dead: list[DeadLetter]  # prompt_id, row, reason, error (the server's message), attempts
+
+
+def _listed(source: str, rejected: RejectedRow) -> ListedRejection:
+    return ListedRejection(source=source, file=rejected.file, row=rejected.row, reason=rejected.reason)
+
+
+def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
+    """Every rejected row (the `rejected` hash: field "source|file|row") and every dead letter in Redis."""
+    keys = RunKeys(run)
+    rejected: list[ListedRejection] = []
+    for field, raw in client.hscan_iter(keys.rejected, count=REJECTS_SCAN_COUNT):
+        row = msgspec.json.decode(raw, type=RejectedRow)
+        source = field.decode().removesuffix(f"|{row.file}|{row.row}")
+        rejected.append(_listed(source, row))
+    dead = [
+        msgspec.json.decode(raw, type=DeadLetter)
+        for _, raw in client.hscan_iter(keys.dead, count=REJECTS_SCAN_COUNT)
+    ]
+    return _sorted_listing(run, rejected, dead)
+
+
+def rejects_from_output(output_url: str, run: str) -> RejectsListing:
+    """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
+    store = open_store(normalise_output_url(output_url))
+    rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]
+    return _sorted_listing(run, rejected, list(read_committed(store).dead.values()))
+
+
+def _sorted_listing(run: str, rejected: list[ListedRejection], dead: list[DeadLetter]) -> RejectsListing:
+    return RejectsListing(
+        run=run,
+        rejected=sorted(rejected, key=lambda r: (r.source, r.file, r.row)),
+        dead=sorted(dead, key=lambda d: (d.row, d.prompt_id)),
+    )
+
+
+def describe_rejects(listing: RejectsListing, kinds: tuple[str, ...] = LISTED_KINDS) -> list[str]:
+    lines = [
+        f"run {listing.run}: {len(listing.rejected)} rows rejected at enqueue, "
+        f"{len(listing.dead)} prompts dead-lettered"
+    ]
+    if "rejected" in kinds and listing.rejected:
+        lines.append("rejected at enqueue (input, file:row: reason):")
+        lines.extend(
+            f"  {r.source} {r.file + ':' if r.file else 'row '}{r.row}: {r.reason}" for r in listing.rejected
+        )
+    if "dead" in kinds and listing.dead:
+        lines.append("dead-lettered (id, row: reason after attempts: the server's or client's message):")
+        lines.extend(
+            f"  {d.prompt_id} (row {d.row}): {d.reason} after {d.attempts} "
+            f"attempt{'' if d.attempts == 1 else 's'}: {d.error}"
+            for d in listing.dead
+        )
+    return lines
+
+
+@_redis_errors_reported
+def cmd_rejects(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    run = check_run_name(args.run)
+    if args.output_url is not None:
+        listing = rejects_from_output(args.output_url, run)
+    else:
+        client = _redis(args, settings)
+        if not client.exists(RunKeys(run).settings):
+            raise RunNotFound(f"no run named {run!r} in Redis: name its output with --output to read it")
+        listing = rejects_from_redis(client, run)
+    kinds = LISTED_KINDS if args.only is None else (args.only,)
+    if args.json:
+        chosen = {kind: getattr(listing, kind) for kind in kinds}
+        sys.stdout.write(msgspec.json.encode({"run": run, **chosen}).decode() + "\n")
+        return EXIT_OK
+    for line in describe_rejects(listing, kinds):
+        print(line)
+    return EXIT_OK
+
+
+def _register_rejects(commands: Any) -> None:
+    rejects = commands.add_parser(
+        "rejects",
+        help="list every row refused at enqueue and every dead-lettered prompt, with row, id and reason",
+    )
+    rejects.add_argument("--run", required=True)
+    rejects.add_argument("--only", choices=LISTED_KINDS, help="list only rows rejected, or only dead letters")
+    rejects.add_argument("--json", action="store_true", help="one JSON object: run, rejected, dead")
+    rejects.add_argument(
+        "--output", dest="output_url", help="read them from the run's output (folder or s3://), not Redis"
+    )
+    rejects.set_defaults(handler=cmd_rejects)
+
+
 def register(commands: Any) -> None:
     """Add `status`, `pause`, `resume` and `metrics` to the `python -m producer` sub-commands."""
     metrics_exporter.register(commands)
@@ -173,3 +283,4 @@ def register(commands: Any) -> None:
     resume_parser = commands.add_parser("resume", help="let workers take a paused run's batches again")
     resume_parser.add_argument("--run", required=True)
     resume_parser.set_defaults(handler=cmd_resume)
+    _register_rejects(commands)

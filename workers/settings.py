@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import math
 import os
 import socket
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
@@ -126,60 +131,160 @@ class WorkerSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> WorkerSettings:
-        """Build from `DRAFTGEN_*` variables. The server is DRAFTGEN_SERVER_URL, or GPU index + base port."""
+        """Build from `DRAFTGEN_*` variables, one per field (`upload`'s as DRAFTGEN_UPLOAD_*); unset or
+        empty keeps the default. The server is DRAFTGEN_SERVER_URL, or GPU index + base port. An unknown
+        DRAFTGEN_* variable, or a value its field cannot take, raises InvalidSetting naming it."""
         source = os.environ if env is None else env
+        check_environment(source)
+        values = _field_values(cls, source, ENV_PREFIX)
+        if "server_url" not in values:
+            values["server_url"] = _server_url(source, values.get("gpu"))
+        return cls(**values)
 
-        def get(name: str) -> str | None:
-            value = source.get(ENV_PREFIX + name)
-            return value if value not in (None, "") else None
 
-        gpu_text = get("GPU")
-        gpu = int(gpu_text) if gpu_text is not None else None
-        server_url = get("SERVER_URL")
-        if server_url is None:
-            host = get("SERVER_HOST") or DEFAULT_SERVER_HOST
-            port = int(get("BASE_PORT") or DEFAULT_BASE_PORT) + (gpu or 0)
-            server_url = f"http://{host}:{port}"
-        defaults = cls()
-        upload_defaults = UploadSettings()
-        return cls(
-            redis_url=get("REDIS_URL") or DEFAULT_REDIS_URL,
-            server_url=server_url,
-            gpu=gpu,
-            api_key=get("API_KEY"),
-            max_in_flight=int(get("MAX_IN_FLIGHT") or defaults.max_in_flight),
-            batches_in_flight=int(get("BATCHES_IN_FLIGHT") or defaults.batches_in_flight),
-            max_attempts=int(get("MAX_ATTEMPTS") or defaults.max_attempts),
-            backoff_base_s=float(get("BACKOFF_BASE_S") or defaults.backoff_base_s),
-            backoff_cap_s=float(get("BACKOFF_CAP_S") or defaults.backoff_cap_s),
-            request_timeout_s=float(get("REQUEST_TIMEOUT_S") or defaults.request_timeout_s),
-            connect_timeout_s=float(get("CONNECT_TIMEOUT_S") or defaults.connect_timeout_s),
-            server_down_retry_s=float(get("SERVER_DOWN_RETRY_S") or defaults.server_down_retry_s),
-            visibility_timeout_s=int(get("VISIBILITY_TIMEOUT_S") or defaults.visibility_timeout_s),
-            unacked_restore_interval_s=int(
-                get("UNACKED_RESTORE_INTERVAL_S") or defaults.unacked_restore_interval_s
-            ),
-            hostname=get("HOSTNAME") or defaults.hostname,
-            upload=UploadSettings(
-                max_completions=int(get("UPLOAD_MAX_COMPLETIONS") or upload_defaults.max_completions),
-                max_bytes=int(get("UPLOAD_MAX_BYTES") or upload_defaults.max_bytes),
-                max_age_s=float(get("UPLOAD_MAX_AGE_S") or upload_defaults.max_age_s),
-                lock_s=float(get("UPLOAD_LOCK_S") or upload_defaults.lock_s),
-            ),
-            liveness_enabled=(get("LIVENESS_ENABLED") or "1").strip().lower() not in _FALSE_WORDS,
-            liveness_poll_s=float(get("LIVENESS_POLL_S") or defaults.liveness_poll_s),
-            liveness_stall_s=float(get("LIVENESS_STALL_S") or defaults.liveness_stall_s),
-            liveness_completion_stall_s=float(
-                get("LIVENESS_COMPLETION_STALL_S") or defaults.liveness_completion_stall_s
-            ),
-            server_restart_command=get("SERVER_RESTART_COMMAND"),
-            lease_ttl_s=float(get("LEASE_TTL_S") or defaults.lease_ttl_s),
-            lease_renew_s=float(get("LEASE_RENEW_S") or defaults.lease_renew_s),
-            reconcile_interval_s=float(get("RECONCILE_INTERVAL_S") or defaults.reconcile_interval_s),
-            stranded_grace_s=float(get("STRANDED_GRACE_S") or defaults.stranded_grace_s),
-            shutdown_grace_s=float(get("SHUTDOWN_GRACE_S") or defaults.shutdown_grace_s),
-            request_deadline_factor=float(get("REQUEST_DEADLINE_FACTOR") or defaults.request_deadline_factor),
-            request_deadline_slack_s=float(
-                get("REQUEST_DEADLINE_SLACK_S") or defaults.request_deadline_slack_s
-            ),
+class InvalidSetting(ValueError):
+    """A `DRAFTGEN_*` variable is unknown, or holds a value its setting cannot take; the message names it."""
+
+
+# DRAFTGEN_* variables read by other parts of draftgen: known, so never refused as unknown.
+OTHER_VARIABLES = {
+    "SERVER_HOST": "with GPU and BASE_PORT, the server's URL (here)",
+    "BASE_PORT": "GPU i's server listens on BASE_PORT + i (here, and `python -m inference serve`)",
+    "OUTPUT": "the default --output of a new run (producer/settings.py)",
+    "PRICE_PER_GPU_HOUR": "the cost figures of `producer status` (producer/status_cli.py)",
+    "MODEL_SOURCE": "where `inference stage` copies the model from (deploy/ units)",
+    "MODEL_PATH": "the staged model `inference serve` loads (Procfile, deploy/ units)",
+    "SERVED_MODEL_NAME": "`inference serve` (inference/node/cli.py)",
+    "SGLANG_HOST": "the address SGLang listens on, `inference serve` (inference/node/cli.py)",
+    "SERVE_ARGS": "more options of `inference serve` (deploy/systemd/draftgen-sglang@.service)",
+}
+MAX_PORT = 65535
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+# Settings that must be at least this (every other number: finite and 0 or more).
+MINIMUMS: dict[str, int] = {
+    "MAX_IN_FLIGHT": 1,
+    "BATCHES_IN_FLIGHT": 1,
+    "MAX_ATTEMPTS": 1,
+    "VISIBILITY_TIMEOUT_S": 1,
+    "UNACKED_RESTORE_INTERVAL_S": 1,
+    "UPLOAD_MAX_COMPLETIONS": 1,
+    "UPLOAD_MAX_BYTES": 1,
+}
+MEANINGS = {  # said with a bad value of these
+    "GPU": " (the GPU's index: 0, 1, ...; its server is at DRAFTGEN_BASE_PORT + index)",
+    "BASE_PORT": " (GPU i's server listens on this + i)",
+}
+# Intervals and timeouts that loop or fail at once when 0: strictly positive.
+POSITIVE = frozenset(
+    {
+        "REQUEST_TIMEOUT_S",
+        "CONNECT_TIMEOUT_S",
+        "LEASE_TTL_S",
+        "LEASE_RENEW_S",
+        "RECONCILE_INTERVAL_S",
+        "LIVENESS_POLL_S",
+        "UPLOAD_LOCK_S",
+        "REQUEST_DEADLINE_FACTOR",
+    }
+)
+
+
+def _field_variables(cls: type[Any], prefix: str) -> list[str]:
+    """The variable of each field, nested dataclasses' fields under their own prefix."""
+    hints = typing.get_type_hints(cls)
+    names: list[str] = []
+    for item in dataclasses.fields(cls):
+        variable = prefix + item.name.upper()
+        hint = hints[item.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            names.extend(_field_variables(hint, variable + "_"))
+        else:
+            names.append(variable)
+    return names
+
+
+def known_variables() -> frozenset[str]:
+    """Every DRAFTGEN_* variable some part of draftgen reads."""
+    others = {ENV_PREFIX + name for name in OTHER_VARIABLES}
+    return frozenset(_field_variables(WorkerSettings, ENV_PREFIX)) | others
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse a DRAFTGEN_* variable nothing reads (a typo would silently keep a default), naming the
+    nearest known one. Called where settings are built from the environment: the process edge."""
+    known = known_variables()
+    for name in sorted(env):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            nearest = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {nearest[0]}?" if nearest else ""
+            raise InvalidSetting(
+                f"{name} is not a draftgen setting{hint} (the settings: README.md, Configuration); unset it"
+            )
+
+
+def _field_values(cls: type[Any], env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    """The fields whose variable is set (and not empty), parsed to the field's type."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for item in dataclasses.fields(cls):
+        variable = prefix + item.name.upper()
+        hint = hints[item.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            values[item.name] = hint(**_field_values(hint, env, variable + "_"))
+            continue
+        text = env.get(variable)
+        if text:
+            values[item.name] = _parsed(variable, text, hint)
+    return values
+
+
+def _parsed(variable: str, text: str, hint: object) -> Any:
+    if hint in (str, str | None):
+        return text
+    if hint is bool:
+        return _boolean(variable, text)
+    if hint in (int, int | None):
+        return _number(variable, text, int, "a whole number")
+    if hint is float:
+        return _number(variable, text, float, "a number")
+    raise TypeError(f"{variable}: no parser for a setting of type {hint}")
+
+
+def _boolean(variable: str, text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE_WORDS or word in _FALSE_WORDS:
+        return word in _TRUE_WORDS
+    words = "/".join(sorted(_TRUE_WORDS)) + " or " + "/".join(sorted(_FALSE_WORDS))
+    raise InvalidSetting(f"{variable}={text!r}: must be {words}")
+
+
+def _number(variable: str, text: str, kind: type[float] | type[int], what: str) -> float | int:
+    name = variable.removeprefix(ENV_PREFIX)
+    meaning = MEANINGS.get(name, "")
+    try:
+        value = kind(text)
+    except ValueError:
+        raise InvalidSetting(f"{variable}={text!r}: must be {what}{meaning}") from None
+    if not math.isfinite(value):
+        raise InvalidSetting(f"{variable}={text!r}: must be a finite number{meaning}")
+    if name in POSITIVE and value <= 0:
+        raise InvalidSetting(f"{variable}={text!r}: must be above 0{meaning}")
+    lowest = MINIMUMS.get(name, 0)
+    if value < lowest:
+        raise InvalidSetting(f"{variable}={text!r}: must be {lowest} or more{meaning}")
+    return value
+
+
+def _server_url(env: Mapping[str, str], gpu: int | None) -> str:
+    """http://SERVER_HOST:(BASE_PORT + GPU), the port checked to be one."""
+    host = env.get(ENV_PREFIX + "SERVER_HOST") or DEFAULT_SERVER_HOST
+    base_variable = ENV_PREFIX + "BASE_PORT"
+    base_text = env.get(base_variable)
+    base = int(_number(base_variable, base_text, int, "a port")) if base_text else DEFAULT_BASE_PORT
+    port = base + (gpu or 0)
+    if not 1 <= port <= MAX_PORT:
+        raise InvalidSetting(
+            f"{ENV_PREFIX}BASE_PORT ({base}) + {ENV_PREFIX}GPU ({gpu or 0}) is port {port}: "
+            f"a port is 1 to {MAX_PORT}"
         )
+    return f"http://{host}:{port}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -243,13 +244,72 @@ def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
     raise UnsupportedStoreUrl(f"{url!r}: output must be file:///absolute/path or s3://bucket/prefix")
 
 
+LOCAL_FILE_HOSTS = ("", "localhost")  # file://localhost/x is /x; any other host is a mistyped URL
+# Kernel views, not storage: a folder there cannot hold an output. /dev/shm is a tmpfs, real storage.
+SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
+STORAGE_UNDER_SYSTEM_FOLDERS = (Path("/dev/shm"),)
+OUTPUT_FORMS = "a folder, file:///absolute/path or s3://bucket/prefix"
+
+
 def normalise_output_url(url: str) -> str:
-    """Turn a bare or relative folder into an absolute file:// URL; leave s3:// as it is."""
+    """Turn a bare or relative folder into an absolute file:// URL; check an s3:// URL names a bucket.
+
+    Refused (UnsupportedStoreUrl): an empty output (it would be the current folder), `s3://` or
+    `s3:///x` (no bucket), `file://name/x` (a host, usually a missing third slash: the folder would be
+    /x at the root), and any other scheme."""
+    if not url.strip():
+        raise UnsupportedStoreUrl(f"the output is empty: give {OUTPUT_FORMS}")
     parsed = urlparse(url)
-    if parsed.scheme in ("s3", "file"):
-        return url if parsed.scheme == "s3" else Path(parsed.path).resolve().as_uri()
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
+        return url
+    if parsed.scheme == "file":
+        if parsed.netloc not in LOCAL_FILE_HOSTS:
+            raise UnsupportedStoreUrl(
+                f"{url!r} names the host {parsed.netloc!r}, so its folder would be {parsed.path or '/'!r}: "
+                "a file URL has three slashes (file:///absolute/path); give a relative folder as a plain path"
+            )
+        if not parsed.path:
+            raise UnsupportedStoreUrl(f"{url!r} names no folder: use file:///absolute/path")
+        return Path(parsed.path).resolve().as_uri()
     if parsed.scheme:
-        raise UnsupportedStoreUrl(
-            f"{url!r}: output must be a folder, file:///absolute/path or s3://bucket/prefix"
-        )
+        raise UnsupportedStoreUrl(f"{url!r}: output must be {OUTPUT_FORMS}")
     return Path(url).resolve().as_uri()
+
+
+def check_output_folder(url: str) -> None:
+    """Refuse a folder output that cannot hold a run, before anything is written: a file or a device
+    (`/dev/null`), a path through a file, or a folder under a kernel view (`/proc`, `/sys`, `/dev`).
+    An s3:// URL passes: only the store itself can tell (see `open_store`)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file":
+        return
+    path = Path(parsed.path)
+    if path.exists() and not path.is_dir():
+        raise UnsupportedStoreUrl(f"{str(path)!r} is {_kind_of_file(path)}, not a folder")
+    system = _system_folder(path)
+    if system is not None:
+        raise UnsupportedStoreUrl(f"{str(path)!r} is under {system}, a view of the kernel, not storage")
+    ancestor = next(parent for parent in path.parents if parent.exists())
+    if not ancestor.is_dir():
+        raise UnsupportedStoreUrl(
+            f"{str(path)!r} cannot be a folder: {str(ancestor)!r} is {_kind_of_file(ancestor)}"
+        )
+
+
+def _system_folder(path: Path) -> Path | None:
+    if any(path == storage or storage in path.parents for storage in STORAGE_UNDER_SYSTEM_FOLDERS):
+        return None
+    return next((root for root in SYSTEM_FOLDERS if path == root or root in path.parents), None)
+
+
+def _kind_of_file(path: Path) -> str:
+    mode = path.stat().st_mode
+    kinds = (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a file")

@@ -85,7 +85,10 @@ def test_duplicate_ids_in_the_input_are_counted_and_enqueued_once(
     report = Enqueuer(
         redis_client, pin_settings(redis_client, settings(batch_size=1)), publisher, source=data
     ).enqueue(iter_prompts(data))
-    assert (report.new, report.duplicates_in_input, report.already_there) == (3, 3, 0)
+    assert (report.new, report.duplicates_in_input, report.already_there) == (3, 2, 0)
+    # the same id with other content is a conflict, not a duplicate: the first version is kept
+    assert report.conflict_count == 1
+    assert "conflicts with row 1 of this input" in report.conflicts[0].reason
 
 
 def test_bad_rows_are_reported_by_row_number_and_the_rest_enqueued(

@@ -1,0 +1,242 @@
+"""The harness of tests/producer/test_bad_inputs.py: a case is a command, the exit code and words it must
+give, an optional setup (files, a run pinned before, environment variables), and what must hold after
+(nothing pinned, a pinned run unchanged, exactly these rows enqueued)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from inference.records import DeadLetter, DeadLetterReason, SamplingSettings
+from producer.cli import EXIT_OK, main
+from workers.keys import RUNS_KEY, RunKeys
+from workers.ledger import RunLedger
+from workers.runs import RunSettings, encode_run_settings
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+RUN = "r"  # the run every case names unless it says otherwise
+PINNED = "pinned"  # a run enqueued by the setup, before the case's command
+BROKEN = "broken"  # a run whose pinned settings an older version wrote unreadable (a NaN as null)
+CLOSED_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+WRONG_USER = "draftgen-no-such-user:wrong-password"
+SUBPROCESS_TIMEOUT_S = 60
+DATA_ROWS = 3  # rows of data.jsonl, q0..q2
+DEAD_ERROR = "Requested token count exceeds the model's maximum context length of 4096 tokens"
+
+
+@dataclass
+class World:
+    """What a case runs against: its folder, the real Redis, and what the setup left to compare with."""
+
+    tmp: Path
+    client: redis.Redis
+    redis_url: str
+    before: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def wrong_password_url(self) -> str:
+        """The same server, with a user and password it does not know (whatever the URL carried)."""
+        scheme, _, rest = self.redis_url.partition("://")
+        return f"{scheme}://{WRONG_USER}@{rest.rpartition('@')[2]}"
+
+
+Setup = Callable[[World], None]
+Check = Callable[[World], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: `argv` after `python -m producer --redis-url URL`, with {tmp} for the case's folder."""
+
+    id: str
+    argv: tuple[str, ...]
+    exit_code: int
+    words: tuple[str, ...]  # each must appear in stderr (a refusal) or stdout (a success)
+    after: Check
+    setup: Setup | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    redis: str = "live"  # "live", "closed" (nothing listens) or "wrong-password"
+    subprocess: bool = False  # only for what needs a process of its own
+    max_error_lines: int = 2
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+# --- files every case can name ---------------------------------------------------------------
+
+
+def rows(count: int, start: int = 0) -> list[dict[str, object]]:
+    return [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(start, start + count)]
+
+
+INPUT_FILES: dict[str, list[object]] = {
+    "data.jsonl": list(rows(DATA_ROWS)),
+    "nul.jsonl": [rows(1)[0], {"id": "q1", "prompt": "a NUL \u0000 inside"}, rows(1, 2)[0]],
+    "nul-system.jsonl": [rows(1)[0], {"id": "q1", "prompt": "fine", "system": "be\u0000brief"}],
+    "nul-id.jsonl": [rows(1)[0], {"id": "q\u00001", "prompt": "fine"}],
+    "nul-part.jsonl": [
+        rows(1)[0],
+        {"id": "q1", "messages": [{"role": "user", "content": [{"type": "text", "text": "x\u0000"}]}]},
+    ],
+    "conflict.jsonl": [*rows(2), {"id": "q0", "prompt": "another question under the same id"}],
+    "duplicate.jsonl": [*rows(2), rows(1)[0]],
+    "changed.jsonl": [{"id": "q0", "prompt": "question 0, edited since"}, *rows(1, 9)],
+}
+TEXT_FILES = {
+    "empty.jsonl": "",
+    "blank.jsonl": "\n\n  \n",
+    "afile": "not a folder\n",
+    "data.csv": "id,prompt\nq0,hi\n",
+    "nan.toml": "[sampling]\ntemperature = nan\n",
+    "top-p.toml": "top_p = 2.0\n",
+}
+
+
+def write_inputs(tmp: Path) -> None:
+    for name, records in INPUT_FILES.items():
+        (tmp / name).write_text("".join(json.dumps(record) + "\n" for record in records))
+    for name, text in TEXT_FILES.items():
+        (tmp / name).write_text(text)
+
+
+# --- running a case ------------------------------------------------------------------------
+
+
+def redis_url_for(case: Case, world: World) -> str:
+    return {"live": world.redis_url, "closed": CLOSED_REDIS, "wrong-password": world.wrong_password_url}[
+        case.redis
+    ]
+
+
+def argv_for(case: Case, world: World) -> list[str]:
+    return ["--redis-url", redis_url_for(case, world), *(part.format(tmp=world.tmp) for part in case.argv)]
+
+
+def run_in_subprocess(argv: list[str], env: Mapping[str, str], cwd: Path) -> Outcome:
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("DRAFTGEN_")}
+    path = os.pathsep.join(filter(None, [str(REPOSITORY_ROOT), os.environ.get("PYTHONPATH")]))
+    completed = subprocess.run(
+        [sys.executable, "-m", "producer", *argv],
+        env={**clean, **env, "PYTHONPATH": path},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=False,
+    )
+    return Outcome(completed.returncode, completed.stdout, completed.stderr)
+
+
+def enqueue_for_setup(world: World, data: str, run: str = PINNED, *options: str) -> None:
+    """A successful enqueue the case then builds on (its output in {tmp}/pinned-out)."""
+    argv = ["--redis-url", world.redis_url, "enqueue", str(world.tmp / data), "--run", run]
+    assert main([*argv, "--output", str(world.tmp / "pinned-out"), *options]) == EXIT_OK
+
+
+def snapshot(world: World, run: str = PINNED) -> None:
+    keys = RunKeys(run)
+    world.before["settings"] = world.client.get(keys.settings)
+    world.before["enqueued"] = world.client.smembers(keys.enqueued)
+    world.before["rejected"] = world.client.hgetall(keys.rejected)
+    world.before["run.json"] = (world.tmp / "pinned-out" / "run.json").read_bytes()
+
+
+# --- setups ----------------------------------------------------------------------------------
+
+
+def pinned_run(world: World) -> None:
+    enqueue_for_setup(world, "data.jsonl")
+    snapshot(world)
+
+
+def pinned_run_with_rejects(world: World) -> None:
+    enqueue_for_setup(world, "nul.jsonl")
+    RunLedger(world.client, PINNED).dead_letter(
+        DeadLetter(
+            prompt_id="q2",
+            row=3,
+            reason=DeadLetterReason.REJECTED_BY_SERVER.value,
+            error=DEAD_ERROR,
+            attempts=1,
+        )
+    )
+    snapshot(world)
+
+
+def busy_run(world: World) -> None:
+    pinned_run(world)
+    world.client.set(RunKeys(PINNED).enqueue_lock, "another-enqueue", px=60_000)
+
+
+def broken_run(world: World) -> None:
+    """Settings as the pre-fix code pinned `--temperature nan`: JSON has no NaN, so it wrote null."""
+    settings = RunSettings(run=BROKEN, sampling=SamplingSettings(), output_url=(world.tmp / "b").as_uri())
+    raw = encode_run_settings(settings).replace(b'"temperature":0.6', b'"temperature":null')
+    world.client.set(RunKeys(BROKEN).settings, raw)
+    world.client.sadd(RUNS_KEY, BROKEN)
+    world.before["settings"] = raw
+
+
+# --- checks ----------------------------------------------------------------------------------
+
+
+def nothing_pinned(run: str = RUN) -> Check:
+    """The run has no settings, no ids, and its output folder was not even created."""
+
+    def check(world: World) -> None:
+        keys = RunKeys(run)
+        assert world.client.exists(keys.settings) == 0, f"run {run!r} was pinned"
+        assert not world.client.sismember(RUNS_KEY, run)
+        assert world.client.scard(keys.enqueued) == 0
+        assert not (world.tmp / "out").exists(), "the output folder was written"
+
+    return check
+
+
+def pinned_unchanged(world: World) -> None:
+    """The run pinned by the setup is exactly as it was: settings, ids, rejected rows, run.json."""
+    keys = RunKeys(PINNED)
+    assert world.client.get(keys.settings) == world.before["settings"]
+    assert world.client.smembers(keys.enqueued) == world.before["enqueued"]
+    assert world.client.hgetall(keys.rejected) == world.before["rejected"]
+    assert (world.tmp / "pinned-out" / "run.json").read_bytes() == world.before["run.json"]
+
+
+def broken_unchanged(world: World) -> None:
+    assert world.client.get(RunKeys(BROKEN).settings) == world.before["settings"]
+
+
+def enqueued(ids: set[str], *, rejected: int = 0, run: str = RUN) -> Check:
+    """Exactly these ids are in the run, and this many rows were kept as rejected."""
+
+    def check(world: World) -> None:
+        keys = RunKeys(run)
+        assert {raw.decode() for raw in world.client.smembers(keys.enqueued)} == ids
+        assert world.client.hlen(keys.rejected) == rejected
+
+    return check
+
+
+def no_state(world: World) -> None:
+    """A read-only command left Redis as it found it: empty."""
+    assert world.client.dbsize() == 0
+
+
+def all_of(*checks: Check) -> Check:
+    def check(world: World) -> None:
+        for one in checks:
+            one(world)
+
+    return check
