@@ -14,29 +14,11 @@ from typing import Any
 import httpx
 import openai
 
+from inference.client_settings import PLACEHOLDER_API_KEY, ClientSettings
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.records import Message, SamplingSettings, Usage
 
-DEFAULT_REQUEST_TIMEOUT_S = 1200.0  # a 32k-token thinking trace at ~40 tokens/s per request fits
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
-PLACEHOLDER_API_KEY = "EMPTY"  # the openai client insists on a key; SGLang without --api-key ignores it
 RETRYABLE_CLIENT_STATUSES = frozenset({408, 409, 429})  # timeouts and throttling: not the request's fault
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    server_url: str  # http://host:port, without /v1
-    api_key: str | None = None
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    max_connections: int = 256
-
-    def __repr__(self) -> str:
-        key = "***" if self.api_key else None
-        return (
-            f"ClientSettings(server_url={self.server_url!r}, api_key={key!r}, "
-            f"request_timeout_s={self.request_timeout_s}, connect_timeout_s={self.connect_timeout_s})"
-        )
 
 
 @dataclass(frozen=True)

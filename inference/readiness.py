@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import openai
-
+from inference.client_settings import PLACEHOLDER_API_KEY
 from inference.errors import ServerNotReady
 from inference.server_probe import HEALTH_PATH, ServerProbe
+
+if TYPE_CHECKING:  # openai takes most of a second to import: only a wait for a server pays it
+    import openai
 
 DEFAULT_READY_TIMEOUT_S = 1800.0  # loading a large model's weights from fast local storage
 DEFAULT_PROBE_INTERVAL_S = 2.0
@@ -35,8 +38,6 @@ HTTP_DEFAULT_PORT = 80
 HTTPS_DEFAULT_PORT = 443
 READY_PROMPT = "Reply with OK."
 READY_MAX_TOKENS = 1
-NO_API_KEY = "EMPTY"
-"""The openai client insists on a key; SGLang without --api-key ignores it."""
 REDACTED = "***"
 
 
@@ -66,6 +67,8 @@ class ReadinessTarget:
 
 def probe_once(target: ReadinessTarget, client: openai.OpenAI, budget_s: float) -> Probe:
     """Look once, spending at most about `budget_s`; report how far the server got."""
+    import openai
+
     url = target.url.rstrip("/")
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
@@ -114,10 +117,12 @@ def wait_until_ready(
     `check` runs before every probe and may raise to stop waiting (the launcher uses it to notice a
     server process that died); `sleep` may return early (the launcher wakes it on SIGTERM).
     """
+    import openai
+
     end = deadline if deadline is not None else time.monotonic() + timeout_s
     with openai.OpenAI(
         base_url=f"{target.url.rstrip('/')}/v1",
-        api_key=target.api_key or NO_API_KEY,
+        api_key=target.api_key or PLACEHOLDER_API_KEY,
         max_retries=0,
         timeout=CHAT_REQUEST_TIMEOUT_S,
     ) as client:

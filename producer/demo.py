@@ -20,6 +20,7 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import (
     PROJECT_ROOT,
@@ -49,9 +50,6 @@ DEFAULT_SERVER_BASE_PORT = 30000
 RUN_TIMEOUT_S = 600.0
 PROGRESS_POLL_S = 0.5
 DEMO_WORKER_ENV = {"DRAFTGEN_UPLOAD_MAX_AGE_S": "5", "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100"}
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_STOPPED_BY_SIGNAL_BASE = 128  # the shell's convention: 128 + the signal's number
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -159,7 +157,7 @@ def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
         return _demo(args, console)
     except DemoStopped as stopped:
         console.print(f"\n{stopped}: everything the demo started is stopped")
-        return EXIT_STOPPED_BY_SIGNAL_BASE + stopped.signum
+        return EXIT_SIGNAL_BASE + stopped.signum
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
 
 
 class ProducerError(Exception):

@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from inference.exit_codes import EXIT_OK
 from producer.errors import RunNotFound
 from producer.settings import ProducerSettings
 from producer.status.figures import parse_counters
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 9108
 DEFAULT_ADDRESS = "127.0.0.1"  # unauthenticated: bind wider (--address 0.0.0.0) only on a private network
 HEALTHY_STATUS = 200
-EXIT_OK = 0
 PREFIX = "draftgen_"
 
 

@@ -15,10 +15,11 @@ import msgspec
 
 from inference.records import DeadLetter
 from producer.enqueue import StoredRejection
+from workers.errors import ObjectMissing
 from workers.jsonl_io import from_jsonl
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
 from workers.parquet_io import prompt_ids_in
-from workers.storage import ObjectMissing, ObjectStore
+from workers.storage import ObjectStore
 
 
 @dataclass

@@ -18,11 +18,12 @@ from inference.records import DeadLetter
 from producer.enqueue import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.output_record import read_committed, read_enqueued_ids, read_rejections
+from workers.errors import ObjectMissing
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger
 from workers.manifest import SETTINGS_KEY, encode_entry
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
-from workers.storage import ObjectMissing, ObjectStore
+from workers.storage import ObjectStore
 
 IDS_PER_COMMAND = 10_000
 

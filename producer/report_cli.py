@@ -7,25 +7,12 @@ output is (the run's pinned settings) and for the dead letters by reason.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import redis
+from producer.deferred import Deferred
 
-from producer.errors import RunNotFound
-from producer.report import compute_figures, dead_letters_by_reason
-from producer.settings import ProducerSettings
-from workers.keys import RunKeys, check_run_name
-from workers.runs import decode_run_settings
-from workers.storage import normalise_output_url, open_store
-
-REDIS_CONNECT_TIMEOUT_S = 5.0
-REDIS_SOCKET_TIMEOUT_S = 30.0
-PROGRESS_EVERY_OBJECTS = 100
 DEFAULT_REPORTS_DIR = Path("reports")
-EXIT_OK = 0
 
 
 def register(commands: Any) -> None:
@@ -45,55 +32,4 @@ def register(commands: Any) -> None:
         help="read the committed output here (a folder, file:// or s3://) instead of the run's pinned "
         "output; Redis is then optional (without it the dead letters are unknown)",
     )
-    report.set_defaults(handler=cmd_report)
-
-
-def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, int] | None]:
-    """The run's pinned output URL and dead letters by reason; (None, None) when Redis does not know it."""
-    raw = client.get(RunKeys(run).settings)
-    if raw is None:
-        return None, None
-    return decode_run_settings(raw).output_url, dead_letters_by_reason(client, run)
-
-
-def _print_progress(done: int, total: int) -> None:
-    if done % PROGRESS_EVERY_OBJECTS == 0 or done == total:
-        print(f"read {done}/{total} objects", file=sys.stderr, flush=True)
-
-
-def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    from producer.report_render import summary_rows, write_report  # matplotlib only for this command
-
-    run = check_run_name(args.run)
-    client = redis.Redis.from_url(
-        args.redis_url or settings.redis_url,
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-        socket_timeout=REDIS_SOCKET_TIMEOUT_S,
-    )
-    try:
-        pinned_url, dead_letters = _run_in_redis(client, run)
-    except redis.RedisError as error:
-        if args.store is None:
-            raise RunNotFound(f"cannot read run {run!r} from Redis ({error}): pass --store URL") from error
-        pinned_url, dead_letters = None, None
-    finally:
-        client.close()
-    if args.store is None and pinned_url is None:
-        raise RunNotFound(f"no run named {run!r} in Redis: pass --store URL to report on an output directly")
-    store_url = normalise_output_url(args.store) if args.store is not None else str(pinned_url)
-    figures = compute_figures(
-        open_store(store_url), run, dead_letters=dead_letters, on_object=_print_progress
-    )
-    out_dir: Path = args.out or DEFAULT_REPORTS_DIR / run
-    page = write_report(figures, out_dir, generated_at=time.time())
-    print(f"run {run}: {store_url}")
-    width = max(len(row.name) for row in summary_rows(figures))
-    for row in summary_rows(figures):
-        print(f"{row.name:<{width}}  {row.value}")
-    print()
-    print(figures.loss.render_text())
-    verdict = figures.loss.verdict()
-    if verdict.rows and not verdict.passed:
-        print(verdict.describe())
-    print(f"wrote {page} and its pictures in {out_dir}")
-    return EXIT_OK
+    report.set_defaults(handler=Deferred("producer.report_command", "cmd_report"))

@@ -17,6 +17,7 @@ import msgspec
 from inference.records import SamplingSettings
 from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_problem
 from producer.errors import OutputError, SettingsError
+from workers.errors import UnsupportedStoreUrl
 from workers.runs import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_RETRY_MAX_TOKENS_CAP,
@@ -24,7 +25,7 @@ from workers.runs import (
     RunSettings,
     TruncationPolicy,
 )
-from workers.storage import UnsupportedStoreUrl, normalise_output_url
+from workers.storage import normalise_output_url
 
 DEFAULT_OUTPUT = "./output"
 SAMPLING_FIELDS = frozenset(SamplingSettings.__struct_fields__)

@@ -1,6 +1,6 @@
 """The producer's own settings (where Redis is), read from the environment at the edge.
 
-Building them refuses an unknown `DRAFTGEN_*` variable (workers.settings.InvalidSetting)."""
+Building them refuses an unknown `DRAFTGEN_*` variable (workers.errors.InvalidSetting)."""
 
 from __future__ import annotations
 

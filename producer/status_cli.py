@@ -16,25 +16,22 @@ import redis
 from rich.console import Console
 from rich.live import Live
 
+from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record
 from producer import metrics_exporter
 from producer.errors import RedisUnavailable, RunNotFound, SettingsError
-from producer.output_record import read_committed, read_rejections
 from producer.rows import RejectedRow
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status, load_settings
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
-from workers.batches import PAUSED_RETRY_S
-from workers.control import PAUSED_BY_USER, pause, pause_state, resume
+from workers.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.keys import RunKeys, check_run_name
 from workers.storage import normalise_output_url, open_store
 
 PRICE_ENV = "DRAFTGEN_PRICE_PER_GPU_HOUR"
 DEFAULT_WATCH_INTERVAL_S = 2.0
 DEFAULT_PAUSE_REASON = "paused by hand"
-EXIT_OK = 0
-EXIT_FAILED = 1
 LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
 LISTED_KINDS = ("rejected", "dead")
@@ -183,6 +180,8 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
 
 def rejects_from_output(output_url: str, run: str) -> RejectsListing:
     """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
+    from producer.output_record import read_committed, read_rejections  # pyarrow: only for this listing
+
     store = open_store(normalise_output_url(output_url))
     rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]
     return _sorted_listing(run, rejected, list(read_committed(store).dead.values()))

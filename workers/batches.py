@@ -17,7 +17,7 @@ import redis
 
 from inference.records import DeadLetter, DeadLetterReason, PromptBatch
 from workers.codec import decode_blob
-from workers.control import pause_state
+from workers.control import PAUSED_RETRY_S, pause_state
 from workers.errors import RetryLater, RunBroken
 from workers.generation import BatchOutcome, Truncation
 from workers.leases import Acquired, Lease, defer_batch, finish_batch
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PAUSED_RETRY_S = 30.0
 BACKLOG_RETRY_S = 30.0
 HAND_BACK_NOW_S = 0.0  # a stopping worker's batches go back for another worker at once
 REDIS_UNREACHABLE_RETRY_S = 10.0

@@ -10,6 +10,7 @@ import redis
 from inference.records import Record
 from workers.keys import RunKeys
 
+PAUSED_RETRY_S = 30.0  # a worker handed a paused run's batch sends it back to the queue this late
 PAUSED_BY_USER = "user"
 PAUSED_BY_GATE = "quality-gate"
 PAUSED_BY_OUTPUT_PIN = "output-pin"  # the uploader: run.json at the output does not confirm it

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
-from celery import Celery
+from typing import TYPE_CHECKING, Protocol
 
 from workers.queues import FLUSH_TASK, GENERATE_TASK
+
+if TYPE_CHECKING:  # Celery only where a message is sent: the reconciler's settings are read without it
+    from celery import Celery
 
 
 class Dispatcher(Protocol):

@@ -1,10 +1,19 @@
 """Errors of the worker side. The branch says whether a retry helps.
 
 WorkerError
-├── RetryLater            transient: the same work will succeed later (server down, lock held)
-│   └── UploadLockLost    another uploader took over this run's flush; its work covers ours
-├── RunBroken             permanent for this message: unknown run, unreadable settings
-└── ShuttingDown          the worker is stopping: a wait for the server ends early
+├── RetryLater              transient: the same work will succeed later (server down, lock held)
+│   ├── UploadLockLost      another uploader took over this run's flush; its work covers ours
+│   └── StoreUnavailable    the object store could not be reached or refused a write
+├── RunBroken               permanent for this message: unknown run, unreadable settings
+├── ShuttingDown            the worker is stopping: a wait for the server ends early
+├── ObjectMissing           no object under that key (also a KeyError)
+└── Refused                 what was given cannot work, whoever retries (also a ValueError)
+    ├── InvalidRunName      a run name that is not a safe key and path segment
+    ├── InvalidSetting      an unknown `DRAFTGEN_*` variable, or a value its setting cannot take
+    ├── UnsafeKey           an object key that would name a file outside its folder
+    └── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+
+Only this module is imported by those who catch them, so catching needs neither boto3 nor Celery.
 """
 
 from __future__ import annotations
@@ -32,3 +41,31 @@ class RunBroken(WorkerError):
 
 class ShuttingDown(WorkerError):
     """The worker process is stopping; whatever waited for the server gives up without a verdict."""
+
+
+class StoreUnavailable(RetryLater):
+    """The object store could not be reached or refused a write; the work waits in Redis."""
+
+
+class ObjectMissing(WorkerError, KeyError):
+    """No object under that key."""
+
+
+class Refused(WorkerError, ValueError):
+    """A name, key, URL or setting that cannot work; the message says which and why."""
+
+
+class InvalidRunName(Refused):
+    """A run name must be a safe key and path segment."""
+
+
+class InvalidSetting(Refused):
+    """A `DRAFTGEN_*` variable is unknown, or holds a value its setting cannot take; the message names it."""
+
+
+class UnsafeKey(Refused):
+    """A key (from a manifest, a listing) that would name a file outside the output folder."""
+
+
+class UnsupportedStoreUrl(Refused):
+    """The output URL is neither file:// nor s3://."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from workers.errors import InvalidRunName
+
 KEY_PREFIX = "draftgen"
 RUNS_KEY = f"{KEY_PREFIX}:runs"  # set of run names
 WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate worker's heartbeat (JSON, TTL)
@@ -18,10 +20,6 @@ RUN_NAME_MAX_CHARS = 128
 # with one big hash and ~139 with no fingerprints; 100k ids cost 234 against 222 with one hash.
 FINGERPRINT_BUCKETS = 1 << 16
 RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX_CHARS - 1}}}")
-
-
-class InvalidRunName(ValueError):
-    """A run name must be a safe key and path segment."""
 
 
 RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers"})  # key prefixes of their own

@@ -18,8 +18,9 @@ import msgspec
 import redis
 
 from workers.control import PAUSED_BY_OUTPUT_PIN, pause
+from workers.errors import ObjectMissing
 from workers.manifest import SETTINGS_KEY
-from workers.storage import ObjectMissing, ObjectStore
+from workers.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
+from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
+from workers.errors import InvalidSetting
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
 from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
 from workers.request_deadline import DEFAULT_DEADLINE_FACTOR, DEFAULT_DEADLINE_SLACK_S, DeadlinePolicy
@@ -140,10 +141,6 @@ class WorkerSettings:
         if "server_url" not in values:
             values["server_url"] = _server_url(source, values.get("gpu"))
         return cls(**values)
-
-
-class InvalidSetting(ValueError):
-    """A `DRAFTGEN_*` variable is unknown, or holds a value its setting cannot take; the message names it."""
 
 
 # DRAFTGEN_* variables read by other parts of draftgen: known, so never refused as unknown.

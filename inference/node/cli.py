@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from inference.errors import ServerNotReady
+from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.command import build_commands
 from inference.node.errors import NodeError, ServerExited, SettingsError
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
@@ -49,9 +50,6 @@ from inference.readiness import (
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK = 0
-EXIT_FAILURE = 1  # staging failed, or a server could not start
-EXIT_USAGE = 2  # a bad option value (argparse uses 2 as well)
 EXIT_SERVER_EXITED = 3  # a server died while serving or loading
 EXIT_NOT_READY = 4  # a server did not generate before the readiness timeout
 
@@ -237,7 +235,7 @@ def serve_command(args: argparse.Namespace) -> int:
     except ServerNotReady as error:
         return _fail(error, EXIT_NOT_READY)
     except NodeError as error:
-        return _fail(error, EXIT_FAILURE)
+        return _fail(error, EXIT_FAILED)
     return EXIT_OK
 
 
@@ -247,7 +245,7 @@ def stage_command(args: argparse.Namespace) -> int:
         destination = args.destination or default_destination(source)
         report = stage_model(source, destination, progress=RichStageProgress(f"staging {source.name}"))
     except NodeError as error:
-        return _fail(error, EXIT_FAILURE)
+        return _fail(error, EXIT_FAILED)
     print(
         f"{report.destination}: {len(report.copied)} files copied ({human_bytes(report.bytes_copied)}), "
         f"{len(report.skipped)} already there, all verified"
@@ -269,7 +267,7 @@ def wait_command(args: argparse.Namespace) -> int:
     except ServerNotReady as error:
         return _fail(error, EXIT_NOT_READY)
     except NodeError as error:
-        return _fail(error, EXIT_USAGE if isinstance(error, SettingsError) else EXIT_FAILURE)
+        return _fail(error, EXIT_USAGE if isinstance(error, SettingsError) else EXIT_FAILED)
     print(f"{probe.url} is ready: {probe.detail}")
     return EXIT_OK
 

@@ -23,20 +23,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from inference.client import DEFAULT_REQUEST_TIMEOUT_S
+from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
+from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.errors import SettingsError
 from inference.node.preflight.judging import Level, Verdict
 from inference.node.preflight.outcomes import PromptOutcome
 from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
 from inference.node.preflight.report import PreflightReport, report_to_json
-from inference.node.preflight.run import run_preflight
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
 from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
-
-EXIT_OK = 0  # verdict PASS or WARN
-EXIT_FAILED = 1  # verdict FAIL: do not start the run with these settings
-EXIT_USAGE = 2  # a bad option, settings file or prompts file (argparse uses 2 as well)
 
 PREFLIGHT_RUN_NAME = "preflight"
 """resolve_run_settings wants a run name; only its sampling part is used here."""
@@ -192,6 +188,8 @@ def preflight_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    from inference.node.preflight.run import run_preflight  # openai: only when asking a server
+
     report = asyncio.run(
         run_preflight(args.url, prompts, sampling, api_key=api_key, request_timeout_s=args.timeout)
     )

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from inference.simulator.server import serve
+from inference.exit_codes import EXIT_USAGE
 from inference.simulator.settings import (
     SimulatorSettings,
     add_settings_arguments,
@@ -18,7 +18,6 @@ from inference.simulator.settings import (
 )
 
 COMMAND = "simulate"
-USAGE_ERROR_EXIT_CODE = 2
 DESCRIPTION = (
     "A CPU simulator of an SGLang 0.5.23 server serving a thinking model (qwen3 reasoning parser, "
     "NEXTN speculative decoding): same routes, fields, errors, health and metrics; filler text."
@@ -27,6 +26,8 @@ DESCRIPTION = (
 
 def run(settings: SimulatorSettings, launch_command: str | None = None) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit code."""
+    from inference.simulator.server import serve  # aiohttp: only when simulating
+
     return asyncio.run(serve(settings, launch_command or shlex.join([sys.executable, *sys.argv])))
 
 
@@ -35,7 +36,7 @@ def handle(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
     except ValueError as exc:
         print(f"simulate: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR_EXIT_CODE
+        return EXIT_USAGE
     return run(settings)
 
 

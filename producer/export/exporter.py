@@ -48,7 +48,8 @@ from producer.export.shards import (
     shard_key,
 )
 from producer.export.source import RunOutput
-from workers.storage import ObjectMissing, ObjectStore
+from workers.errors import ObjectMissing
+from workers.storage import ObjectStore
 
 PLAN_KEY = ".export/plan.json"
 SHARD_RECORDS_PREFIX = ".export/shards/"

@@ -15,10 +15,11 @@ from inference.records import Completion
 from inference.server_facts import ServerFacts, decode_facts
 from producer.export.errors import ExportError
 from producer.recover import read_run_settings
+from workers.errors import ObjectMissing
 from workers.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
 from workers.parquet_io import read_completions
 from workers.runs import RunSettings
-from workers.storage import ObjectMissing, ObjectStore
+from workers.storage import ObjectStore
 
 
 class RunOutput:

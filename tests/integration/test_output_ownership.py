@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.cli import EXIT_USAGE
+from inference.exit_codes import EXIT_USAGE
 from workers.keys import RunKeys
 
 pytestmark = pytest.mark.integration

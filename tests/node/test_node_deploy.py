@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.node.cli import EXIT_OK, register
+from inference.exit_codes import EXIT_OK
+from inference.node.cli import register
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = DEPLOY / "systemd"

@@ -16,6 +16,7 @@ import pytest
 
 from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.errors import SettingsError
 from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
 from inference.node.preflight.outcomes import (
@@ -27,7 +28,7 @@ from inference.node.preflight.outcomes import (
     summarize,
 )
 from inference.node.preflight.report import build_report
-from inference.node.preflight_cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, sampling_from_args
+from inference.node.preflight_cli import sampling_from_args
 from inference.records import SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 

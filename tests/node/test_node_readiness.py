@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from inference.errors import ServerNotReady
-from inference.node.cli import EXIT_NOT_READY, EXIT_OK, register
+from inference.exit_codes import EXIT_OK
+from inference.node.cli import EXIT_NOT_READY, register
 from inference.readiness import Probe, ReadinessTarget, Stage, log_tail, wait_until_ready
 
 FAST_PROBE_S = 0.05

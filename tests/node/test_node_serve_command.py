@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from inference.exit_codes import EXIT_OK, EXIT_USAGE
 from inference.node import command as command_module
-from inference.node.cli import EXIT_OK, EXIT_USAGE, register
+from inference.node.cli import register
 from inference.node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets
 from inference.node.errors import SettingsError
 from inference.node.settings import (

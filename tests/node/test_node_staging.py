@@ -12,7 +12,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from inference.node.cli import EXIT_FAILURE, EXIT_OK, register
+from inference.exit_codes import EXIT_FAILED, EXIT_OK
+from inference.node.cli import register
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
 from inference.node.sources import LocalSource, SourceFile, open_source
 from inference.node.staging import INDEX_FILE, default_destination, stage_model
@@ -237,7 +238,7 @@ def test_the_stage_command_reports_what_it_copied_and_fails_clearly(
     index["weight_map"]["extra.weight"] = "model-00003-of-00002.safetensors"
     (model_folder / INDEX_FILE).write_text(json.dumps(index))
     args = parse(["stage", str(model_folder), str(tmp_path / "other")])
-    assert args.handler(args) == EXIT_FAILURE
+    assert args.handler(args) == EXIT_FAILED
     assert "model-00003-of-00002.safetensors is listed" in capsys.readouterr().err
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from producer.cli import main
 from producer.local_stack import wait_until
 from tests.support.bad_inputs import (
     BROKEN,

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from inference.client import ClientSettings, SGLangClient
+from inference.client import SGLangClient
+from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
 from inference.records import Origin, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess

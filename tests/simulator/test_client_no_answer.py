@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from inference.client import ClientSettings, SGLangClient
+from inference.client import SGLangClient
+from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
 from producer.local_stack import free_port
 

@@ -7,7 +7,8 @@ import asyncio
 
 import httpx
 
-from inference.client import ChatResult, ClientSettings, SGLangClient
+from inference.client import ChatResult, SGLangClient
+from inference.client_settings import ClientSettings
 from inference.records import Message, SamplingSettings
 from inference.server_facts import facts_from_server_info
 from inference.server_probe import ServerProbe

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import redis
 
+from inference.exit_codes import EXIT_OK
 from inference.records import DeadLetter, DeadLetterReason, SamplingSettings
-from producer.cli import EXIT_OK, main
+from producer.cli import main
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger
 from workers.runs import RunSettings, encode_run_settings

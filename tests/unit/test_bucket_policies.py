@@ -30,7 +30,7 @@ from workers.manifest import (
     read_manifest,
     server_key,
 )
-from workers.storage import S3Store
+from workers.s3_store import S3Store
 
 IAM_DIR = Path(__file__).resolve().parents[2] / "deploy" / "iam"
 ACCOUNT = "123456789012"

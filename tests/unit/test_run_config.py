@@ -6,7 +6,8 @@ import pytest
 from inference.records import SamplingSettings
 from producer.errors import SettingsError
 from producer.run_config import read_toml, resolve_run_settings
-from workers.keys import InvalidRunName, check_run_name
+from workers.errors import InvalidRunName
+from workers.keys import check_run_name
 from workers.runs import RunSettings, differences
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inference.client import ChatResult
 from inference.errors import InferenceError, InferenceRejected
 from inference.quality import label_completion
 from inference.records import Quality
+
+if TYPE_CHECKING:  # the client pulls in openai; these rules only read its results
+    from inference.client import ChatResult
 
 THINK_TAGS = ("<think>", "</think>")
 

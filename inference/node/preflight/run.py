@@ -7,7 +7,8 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from inference.client import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings, SGLangClient
+from inference.client import SGLangClient
+from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.errors import InferenceError, InferenceUnavailable
 from inference.node.preflight.outcomes import (
     PromptOutcome,

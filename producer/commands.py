@@ -1,0 +1,134 @@
+"""The commands of `python -m producer` that read a run: verify, recover, files and gc, and the Redis
+helpers every command shares (enqueue's own handler is producer/enqueue_command.py).
+
+Imported only when one of them runs (see producer/deferred.py); verify and recover import the Parquet
+readers themselves, so a command that never reads a part starts without pyarrow.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import msgspec
+import redis
+
+from inference.exit_codes import EXIT_FAILED, EXIT_OK
+from producer.errors import (
+    OutputError,
+    RunNotFound,
+    RunStateBroken,
+    SettingsError,
+)
+from producer.gc import collect_orphans
+from producer.recover import read_run_settings, recover_run
+from producer.settings import ProducerSettings
+from producer.verify import describe, verify_run
+from workers.errors import UnsupportedStoreUrl
+from workers.keys import RunKeys, check_run_name
+from workers.manifest import committed_locations
+from workers.runs import RunSettings, decode_run_settings
+from workers.storage import (
+    ObjectStore,
+    check_output_folder,
+    normalise_output_url,
+    open_store,
+)
+
+
+def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
+    url: str = args.redis_url or settings.redis_url
+    return url
+
+
+def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
+    """A client whose Redis answered: a wrong URL or password fails here, before anything is done."""
+    client = redis.Redis.from_url(chosen_redis_url(args, settings))
+    client.ping()
+    return client
+
+
+def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
+    raw = client.get(RunKeys(run).settings)
+    if raw is None:
+        return None
+    try:
+        return decode_run_settings(raw)
+    except msgspec.DecodeError as error:
+        raise RunStateBroken(
+            f"run {run!r}: its pinned settings in Redis are unreadable ({error}); `python -m producer "
+            f"recover --run {run} --output URL` restores them from the output's run.json"
+        ) from error
+
+
+def require_run(client: redis.Redis, run: str) -> RunSettings:
+    pinned = pinned_settings(client, run)
+    if pinned is None:
+        raise RunNotFound(
+            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
+        )
+    return pinned
+
+
+def checked_output_store(url: str) -> ObjectStore:
+    """The store of a normalised output URL, refused before anything is written when a folder cannot be."""
+    try:
+        check_output_folder(url)
+    except UnsupportedStoreUrl as error:
+        raise OutputError(f"--output: {error}") from error
+    return open_store(url)
+
+
+def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
+
+    run = check_run_name(args.run)
+    if args.output_url is not None:  # the object store alone
+        store = checked_output_store(normalise_output_url(args.output_url))
+        if read_run_settings(store).run != run:
+            raise SettingsError(f"{store.url} holds the output of another run than {run!r}")
+        report = verify_run(store, run)
+    else:
+        client = connect_redis(args, settings)
+        store = open_store(require_run(client, run).output_url)
+        report = verify_run(store, run, client)
+    print(f"run {run}: {store.url}")
+    for line in describe(report):
+        print(line)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
+
+    run = check_run_name(args.run)
+    store = checked_output_store(normalise_output_url(args.output_url))
+    client = connect_redis(args, settings)
+    report = recover_run(client, store, run)
+    restored = "restored from run.json" if report.settings_restored else "already pinned, the same"
+    print(f"run {args.run}: settings {restored}")
+    print(f"committed           {report.committed} prompts in {report.parts} parts")
+    print(f"newly marked done   {report.newly_marked_done}")
+    print(f"enqueued ids        {report.enqueued}")
+    print(f"dead letters        {report.dead_letters}")
+    print(f"rejected rows       {report.rejected_rows}")
+    print("Re-run `enqueue` with the run's data: it queues only what was never committed.")
+    return EXIT_OK
+
+
+def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = connect_redis(args, settings)
+    pinned = require_run(client, check_run_name(args.run))
+    for location in committed_locations(pinned.output_url):
+        print(location)
+    return EXIT_OK
+
+
+def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    client = connect_redis(args, settings)
+    pinned = require_run(client, check_run_name(args.run))
+    report = collect_orphans(open_store(pinned.output_url), min_age_s=args.min_age_s, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(report.removed)} orphans ({report.bytes_removed} bytes)")
+    for key in report.removed:
+        print(f"  {key}")
+    if report.kept_young:
+        print(f"kept {len(report.kept_young)} orphans younger than {args.min_age_s:.0f} s (maybe mid-commit)")
+    return EXIT_OK

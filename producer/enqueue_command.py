@@ -1,0 +1,150 @@
+"""`python -m producer enqueue`: validate everything (environment, Redis, settings, input, output), then
+write run.json, pin the settings and enqueue. A refusal leaves nothing pinned and nothing written."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from inference.records import Prompt
+from inference.sampling_options import SAMPLING_OPTION_NAMES
+from producer.commands import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
+from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
+from producer.errors import (
+    OutputError,
+    SourceError,
+)
+from producer.reading import iter_prompts
+from producer.recover import check_output_belongs_to, write_run_settings
+from producer.rows import RejectedRow
+from producer.run_config import read_toml, resolve_run_settings
+from producer.settings import ProducerSettings
+from workers.keys import check_run_name
+from workers.runs import RunSettings
+from workers.settings import WorkerSettings
+from workers.storage import (
+    ObjectStore,
+)
+
+
+def _print_enqueue_report(report: EnqueueReport) -> None:
+    batches = "batch" if report.batches == 1 else "batches"
+    print(f"new                 {report.new} prompts in {report.batches} {batches}")
+    print(f"already there       {report.already_there}")
+    if report.requeued_orphans:
+        print(f"requeued            {report.requeued_orphans} (held by the run, by no batch: after recover)")
+    print(f"duplicate ids       {report.duplicates_in_input} (same id and content in the input; kept one)")
+    if report.conflict_count:
+        print(f"conflicting ids     {report.conflict_count} (same id, other content: kept the first version)")
+        _print_rows(report.conflicts, report.conflict_count)
+    print(f"rejected rows       {report.rejected_count}")
+    _print_rows(report.rejected, report.rejected_count)
+    if report.republished_batches:
+        print(f"republished         {report.republished_batches} batches a previous enqueue left unpublished")
+
+
+def _print_rows(shown: list[RejectedRow], count: int) -> None:
+    for rejected in shown:
+        print(f"  {rejected.describe()}")
+    if count > len(shown):
+        print(f"  … {count - len(shown)} more: `python -m producer rejects --run RUN` lists every one")
+
+
+def _with_first_row(items: Iterator[Prompt | RejectedRow], data: str) -> Iterator[Prompt | RejectedRow]:
+    """The same stream, refused (SourceError) when it holds no row at all: a run of nothing is a mistake."""
+    first = next(items, None)
+    if first is None:
+        raise SourceError(f"{data}: holds no rows (empty, or only blank lines): nothing to enqueue")
+    return itertools.chain([first], items)
+
+
+def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        name: getattr(args, name)
+        for name in (
+            *SAMPLING_OPTION_NAMES,
+            "batch_size",
+            "output_url",
+            "truncated_thinking",
+            "retry_max_tokens_cap",
+            "gate_min_completions",
+            "gate_max_empty_answer_rate",
+            "gate_max_truncated_rate",
+        )
+    }
+
+
+def _validated_run(
+    args: argparse.Namespace, settings: ProducerSettings, client: redis.Redis, run: str
+) -> RunSettings:
+    """The run's settings, every value checked, and refused when they differ from the pinned ones."""
+    pinned = pinned_settings(client, run)
+    given = resolve_run_settings(
+        run,
+        pinned=pinned,
+        file_values=read_toml(args.config) if args.config else {},
+        option_values=_enqueue_options(args),
+        default_output=settings.default_output,
+        file_label=str(args.config),
+    )
+    if pinned is not None:
+        check_same_settings(pinned, given)
+    return given
+
+
+def _write_output_settings(store: ObjectStore, settings: RunSettings) -> None:
+    """run.json beside the data: proves the output is writable before anything is pinned."""
+    try:
+        write_run_settings(store, settings)
+    except OSError as error:
+        raise OutputError(f"--output {store.url}: cannot write there: {error}") from error
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    """Validate everything (environment, Redis, settings, input, output), then write run.json, pin the
+    settings and enqueue. A refusal leaves nothing pinned and nothing written."""
+    from producer.publisher import BatchPublisher  # Celery only where messages are sent
+    from workers.app import make_app
+    from workers.dispatch import CeleryDispatcher
+    from workers.reconciler import Reconciler, ReconcileSettings
+
+    run = check_run_name(args.run)
+    worker_settings = dataclasses.replace(
+        WorkerSettings.from_env(), redis_url=chosen_redis_url(args, settings)
+    )
+    client = connect_redis(args, settings)
+    given = _validated_run(args, settings, client, run)
+    items = _with_first_row(iter_prompts(args.data), args.data)  # a missing or empty input fails here
+    store = checked_output_store(given.output_url)
+    check_output_belongs_to(store, run)
+    _write_output_settings(store, given)
+    pinned = pin_settings(client, given)
+
+    app = make_app(worker_settings)
+    publisher = BatchPublisher(app)
+    try:
+        report = Enqueuer(client, pinned, publisher, source=args.data, store=store).enqueue(items)
+    finally:
+        publisher.close()
+    print(f"run {run}: output {pinned.output_url}")
+    _print_enqueue_report(report)
+    if report.interrupted:
+        print(
+            "interrupted: the counts above were enqueued whole (stored, claimed and published); "
+            "run the same command again to add the rest",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    # A re-run also sends again every batch of the run that no message carries and nobody leases.
+    requeue = ReconcileSettings(upload_max_age_s=worker_settings.upload.max_age_s, stranded_grace_s=0.0)
+    stranded = Reconciler(client, CeleryDispatcher(app), requeue).reconcile_run(run)
+    if stranded.expired_leases or stranded.stranded:
+        print(f"requeued            {stranded.expired_leases + stranded.stranded} batches no message carried")
+    return EXIT_OK
