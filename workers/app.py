@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_shutdown, worker_shutting_down
 
+from workers.broker_tls import broker_use_ssl
 from workers.context import ContextHolder, WorkerContext
 from workers.dispatch import CeleryDispatcher
 from workers.flower_guard import install_flower_guard
@@ -32,6 +33,7 @@ BROKER_HEALTH_CHECK_INTERVAL_S = 25
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis_url,
+        "broker_use_ssl": broker_use_ssl(settings.redis_url),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout_s,

@@ -5,6 +5,7 @@ refused what it must not do."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ SPEEDUP = 400.0
 PROMPTS = 64
 RUN = "tls-acl"
 FINISH_S = 60.0
+BROKER_TAB_TIMEOUT_S = 30.0
 VERIFIED = "OK: every prompt committed exactly once or dead-lettered"
 # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal (Redis 7.2 and later log it).
 IGNORED_REFUSALS = frozenset({"client|setinfo"})
@@ -61,6 +63,12 @@ def refusals(admin: redis.Redis) -> list[dict[str, Any]]:
     return [entry for entry in admin.acl_log(count=1000) if entry["object"] not in IGNORED_REFUSALS]
 
 
+def broker_tab(port: int) -> str:
+    """Flower's Broker page: it lists the queues only when its own Redis client got through."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/broker", timeout=BROKER_TAB_TIMEOUT_S) as page:
+        return str(page.read().decode())
+
+
 def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refused_anything(
     head: RedisHead, sims: list[SimulatorProcess], tmp_path: Path, log_dir: Path
 ) -> None:
@@ -85,6 +93,9 @@ def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refus
         assert refusals(admin) == []
         verified = stack.verify(RUN)
         assert verified.returncode == 0 and VERIFIED in verified.stdout, verified.stdout + verified.stderr
+        # And Flower's Broker tab reads the queues over the same TLS (its own Redis client)
+        broker_page = broker_tab(flower_port)
+        assert "generate" in broker_page and "upload" in broker_page
     finally:
         flower.stop()
         stack.stop()
