@@ -20,6 +20,7 @@ from producer.errors import (
     SettingsError,
 )
 from producer.gc import collect_orphans
+from producer.progress_lines import ProgressLines
 from producer.recover import read_run_settings, recover_run
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
@@ -85,11 +86,11 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
         store = checked_output_store(normalise_output_url(args.output_url))
         if read_run_settings(store).run != run:
             raise SettingsError(f"{store.url} holds the output of another run than {run!r}")
-        report = verify_run(store, run)
+        report = verify_run(store, run, on_entry=ProgressLines("verified manifest entries").update)
     else:
         client = connect_redis(args, settings)
         store = open_store(require_run(client, run).output_url)
-        report = verify_run(store, run, client)
+        report = verify_run(store, run, client, on_entry=ProgressLines("verified manifest entries").update)
     print(f"run {run}: {store.url}")
     for line in describe(report):
         print(line)

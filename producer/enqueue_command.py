@@ -21,6 +21,7 @@ from producer.errors import (
     OutputError,
     SourceError,
 )
+from producer.progress_lines import ProgressLines
 from producer.reading import iter_prompts
 from producer.recover import check_output_belongs_to, write_run_settings
 from producer.rows import RejectedRow
@@ -121,7 +122,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     )
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run)
-    items = _with_first_row(iter_prompts(args.data), args.data)  # a missing or empty input fails here
+    rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data))
+    items = _with_first_row(rows, args.data)  # a missing or empty input fails here
     store = checked_output_store(given.output_url)
     check_output_belongs_to(store, run)
     _write_output_settings(store, given)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -42,10 +43,13 @@ def _checked(store: ObjectStore, key: str, sha256: str | None, record: Committed
     return data
 
 
-def read_committed(store: ObjectStore) -> CommittedRecord:
-    """Every committed part's prompt ids and dead letters, checksums checked."""
+def read_committed(
+    store: ObjectStore, on_entry: Callable[[int, int], None] | None = None
+) -> CommittedRecord:
+    """Every committed part's prompt ids and dead letters, checksums checked; `on_entry(done, total)`
+    after each manifest entry."""
     record = CommittedRecord(entries=read_manifest(store))
-    for entry in record.entries:
+    for done, entry in enumerate(record.entries, start=1):
         if entry.key is not None:
             data = _checked(store, entry.key, entry.sha256, record)
             if data is not None:
@@ -55,6 +59,8 @@ def read_committed(store: ObjectStore) -> CommittedRecord:
             for letter in from_jsonl(dead_data, DeadLetter) if dead_data is not None else []:
                 record.dead[letter.prompt_id] = letter
                 record.dead_occurrences[letter.prompt_id] += 1
+        if on_entry is not None:
+            on_entry(done, len(record.entries))
     return record
 
 

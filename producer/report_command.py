@@ -5,7 +5,6 @@ Apart from the parser (producer/report_cli.py) so that other commands do not imp
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import redis
 
 from inference.exit_codes import EXIT_OK
 from producer.errors import RunNotFound
+from producer.progress_lines import ProgressLines
 from producer.report import compute_figures, dead_letters_by_reason
 from producer.report_cli import DEFAULT_REPORTS_DIR
 from producer.settings import ProducerSettings
@@ -22,7 +22,6 @@ from workers.storage import normalise_output_url, open_store
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
 REDIS_SOCKET_TIMEOUT_S = 30.0
-PROGRESS_EVERY_OBJECTS = 100
 
 
 def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, int] | None]:
@@ -31,11 +30,6 @@ def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, 
     if raw is None:
         return None, None
     return decode_run_settings(raw).output_url, dead_letters_by_reason(client, run)
-
-
-def _print_progress(done: int, total: int) -> None:
-    if done % PROGRESS_EVERY_OBJECTS == 0 or done == total:
-        print(f"read {done}/{total} objects", file=sys.stderr, flush=True)
 
 
 def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
@@ -59,7 +53,7 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
         raise RunNotFound(f"no run named {run!r} in Redis: pass --store URL to report on an output directly")
     store_url = normalise_output_url(args.store) if args.store is not None else str(pinned_url)
     figures = compute_figures(
-        open_store(store_url), run, dead_letters=dead_letters, on_object=_print_progress
+        open_store(store_url), run, dead_letters=dead_letters, on_object=ProgressLines("read objects").update
     )
     out_dir: Path = args.out or DEFAULT_REPORTS_DIR / run
     page = write_report(figures, out_dir, generated_at=time.time())

@@ -7,6 +7,7 @@ is at hand, with the run's `enqueued` set and dead letters there too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -49,11 +50,17 @@ def _members(client: redis.Redis, key: str) -> set[str]:
     return {raw.decode() for raw in client.sscan_iter(key, count=SCAN_COUNT)}
 
 
-def verify_run(store: ObjectStore, run: str, client: redis.Redis | None = None) -> VerifyReport:
+def verify_run(
+    store: ObjectStore,
+    run: str,
+    client: redis.Redis | None = None,
+    *,
+    on_entry: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
     """Compare what the run was asked to do with what its output holds. With `client`, Redis's view
     joins in (dead letters not yet committed, ids of runs older than the `enqueued/` objects);
     without it, the object store alone is the proof."""
-    committed = read_committed(store)
+    committed = read_committed(store, on_entry)
     enqueued = read_enqueued_ids(store)
     dead = set(committed.dead)
     report = VerifyReport()
