@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
@@ -128,10 +128,15 @@ class FolderStore:
             self._path(key).unlink()
 
 
+def folder_of(url_path: str) -> Path:
+    """The folder a file:// URL's path names: `as_uri()` writes a space as %20, so it is read back."""
+    return Path(unquote(url_path))
+
+
 def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
     parsed = urlparse(url)
     if parsed.scheme == "file":
-        return FolderStore(Path(parsed.path))
+        return FolderStore(folder_of(parsed.path))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
@@ -169,7 +174,7 @@ def normalise_output_url(url: str) -> str:
             )
         if not parsed.path:
             raise UnsupportedStoreUrl(f"{url!r} names no folder: use file:///absolute/path")
-        return Path(parsed.path).resolve().as_uri()
+        return folder_of(parsed.path).resolve().as_uri()
     if parsed.scheme:
         raise UnsupportedStoreUrl(f"{url!r}: output must be {OUTPUT_FORMS}")
     return Path(url).resolve().as_uri()
@@ -182,7 +187,7 @@ def check_output_folder(url: str) -> None:
     parsed = urlparse(url)
     if parsed.scheme != "file":
         return
-    path = Path(parsed.path)
+    path = folder_of(parsed.path)
     if path.exists() and not path.is_dir():
         raise UnsupportedStoreUrl(f"{str(path)!r} is {_kind_of_file(path)}, not a folder")
     system = _system_folder(path)

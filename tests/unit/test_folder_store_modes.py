@@ -1,4 +1,4 @@
-"""Objects written into an output folder get the permissions the user's umask gives any new file."""
+"""Objects written into an output folder land where it is named, with the mode the umask gives."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.storage import FolderStore
+from workers.storage import FolderStore, normalise_output_url, open_store
 
 GROUP_READABLE_UMASK = 0o022
 PRIVATE_UMASK = 0o077
@@ -51,3 +51,11 @@ def test_a_private_umask_keeps_objects_private(tmp_path: Path) -> None:
         os.umask(previous)
     store.put("run.json", b"{}")
     assert mode_of(tmp_path / "run.json") == 0o600
+
+
+def test_an_output_folder_with_a_space_in_its_name_is_written_where_it_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "my runs" / "run 1"
+    store = open_store(normalise_output_url(str(folder)))
+    store.put("run.json", b"{}")
+    assert (folder / "run.json").read_bytes() == b"{}"
+    assert not list(tmp_path.glob("*%20*"))
