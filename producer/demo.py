@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from inference.sglang_defaults import SGLANG_BASE_PORT
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.local_stack import (
     PROJECT_ROOT,
@@ -46,7 +47,6 @@ DEFAULT_REDIS_PORT = 6390  # not 6379: never touch a Redis the user already runs
 # its owner only, for the commands the demo suggests; the screen shows the URL masked.
 REDIS_URL_FILE = "redis-url"
 DEFAULT_FLOWER_PORT = 5555
-DEFAULT_SERVER_BASE_PORT = 30000
 RUN_TIMEOUT_S = 600.0
 PROGRESS_POLL_S = 0.5
 DEMO_WORKER_ENV = {"DRAFTGEN_UPLOAD_MAX_AGE_S": "5", "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100"}
@@ -107,7 +107,7 @@ def running_stack(args: argparse.Namespace, console: Console) -> Iterator[tuple[
             f"the URL with its password in {redis_url_file(workdir)}, readable by you only)"
         )
         for gpu in range(args.gpus):
-            port = port_or_free(DEFAULT_SERVER_BASE_PORT + gpu)
+            port = port_or_free(SGLANG_BASE_PORT + gpu)
             sim_settings = SimulatorSettings(port=port, speedup=args.speedup, enable_metrics=True)
             stack.simulators.append(SimulatorProcess(sim_settings, keep_port=True).start())
             console.print(

@@ -49,15 +49,18 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server over real HTTP; its URL is also exported as AWS_ENDPOINT_URL for child processes."""
-    for name, value in FAKE_AWS_ENV.items():
-        os.environ.setdefault(name, value)
+    """moto's S3 server over real HTTP; its URL is also exported as AWS_ENDPOINT_URL for child processes,
+    with fake credentials, for the session only (the environment is restored after)."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    os.environ["AWS_ENDPOINT_URL"] = url
-    yield url
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in FAKE_AWS_ENV.items():
+            if name not in os.environ:
+                patch.setenv(name, value)
+        patch.setenv("AWS_ENDPOINT_URL", url)
+        yield url
     server.stop()
 
 

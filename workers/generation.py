@@ -38,6 +38,7 @@ from inference.records import (
     SamplingSettings,
     Timings,
 )
+from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 from workers.request_deadline import DeadlinePolicy, RequestDeadlines
 from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
@@ -49,7 +50,6 @@ R = TypeVar("R")
 REASON_REJECTED = "rejected_by_server"
 REASON_EXHAUSTED = "failed_every_attempt"
 REASON_TRUNCATED = "truncated_in_thinking"
-BUDGET_GROWTH_FACTOR = 2
 # SGLang adds speculative decoding's reserved tokens, max(topk * steps, draft tokens), to the input
 # before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
 # out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
+from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 from workers.errors import InvalidSetting
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
 from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
@@ -21,8 +23,8 @@ from workers.request_deadline import DEFAULT_DEADLINE_FACTOR, DEFAULT_DEADLINE_S
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_SERVER_HOST = "127.0.0.1"
-DEFAULT_BASE_PORT = 30000  # SGLang's default port; GPU i listens on base + i
-DEFAULT_MAX_IN_FLIGHT = 48  # requests kept at the server: its --max-running-requests
+DEFAULT_BASE_PORT = SGLANG_BASE_PORT
+DEFAULT_MAX_IN_FLIGHT = REFERENCE_MAX_RUNNING_REQUESTS  # requests kept at the server
 DEFAULT_MAX_ATTEMPTS = 3
 # Batches held at once. A batch lives as long as its slowest prompt, and several held batches can be
 # in their tails together: hold ~5 windows of prompts (8 x 32 for 48 slots) so the window never starves.
@@ -36,8 +38,6 @@ DEFAULT_UPLOAD_MAX_AGE_S = 60.0
 # Lease of a run's flush lock, renewed before each part. An uploader killed mid-flush holds it until it
 # expires, so it is short: one part (at most 64 MB to S3) takes seconds.
 DEFAULT_UPLOAD_LOCK_S = 60.0
-DEFAULT_BACKOFF_BASE_S = 1.0
-DEFAULT_BACKOFF_CAP_S = 60.0
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back
 DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
 # Liveness (docs/liveness.md): a server with requests running and no token progress for this long is hung.

@@ -14,15 +14,16 @@ from pathlib import Path, PurePosixPath
 
 from inference.node.errors import SettingsError
 from inference.readiness import DEFAULT_READY_TIMEOUT_S
+from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 
-DEFAULT_BASE_PORT = 30000
+DEFAULT_BASE_PORT = SGLANG_BASE_PORT
 """GPU i listens on DEFAULT_BASE_PORT + i; workers find their server the same way."""
 DEFAULT_HOST = "127.0.0.1"
 """Workers run on the same node, so the API stays off the network unless asked."""
 DEFAULT_REASONING_PARSER = "qwen3"
 DEFAULT_CONTEXT_LENGTH_TOKENS = 40960
 """32,768 output tokens (the sampling default) plus 8,192 prompt tokens."""
-DEFAULT_MAX_RUNNING_REQUESTS = 48
+DEFAULT_MAX_RUNNING_REQUESTS = REFERENCE_MAX_RUNNING_REQUESTS
 DEFAULT_MEM_FRACTION_STATIC = 0.85
 """Share of GPU memory for weights and KV cache; the rest is for CUDA graphs and activations."""
 DEFAULT_SPECULATIVE_NUM_STEPS = 3

@@ -17,15 +17,16 @@ import typing
 from fractions import Fraction
 from typing import Any
 
+from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
 
 # Served model and server identity (SGLang 0.5.23 serving Qwen3.6-27B with MTP).
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 30000
+DEFAULT_PORT = SGLANG_BASE_PORT
 DEFAULT_MODEL_PATH = "Qwen/Qwen3.6-27B"
 DEFAULT_CONTEXT_LENGTH_TOKENS = 262_144
 DEFAULT_MAX_TOTAL_NUM_TOKENS = 1_048_576
-DEFAULT_MAX_RUNNING_REQUESTS = 48
+DEFAULT_MAX_RUNNING_REQUESTS = REFERENCE_MAX_RUNNING_REQUESTS
 DEFAULT_REASONING_PARSER = "qwen3"
 REASONING_PARSER_CHOICES = ("qwen3", "qwen3-thinking", "none")
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 import redis
 
@@ -469,6 +470,8 @@ def world(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
             monkeypatch.delenv(name)
     for name, value in NO_AWS_CREDENTIALS.items():  # and no way to find any: no file, no instance role
         monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    # boto3's default session keeps the credentials an earlier test's client found in the environment
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     monkeypatch.chdir(tmp_path)  # a relative output the old code accepted lands here, never in the repo
     write_inputs(tmp_path)
     client = redis.Redis.from_url(redis_url)

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from inference.node.preflight.outcomes import PromptOutcome, ServerFacts, Totals
 from inference.quality import FINISH_LENGTH
 from inference.records import Quality, SamplingSettings
+from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 
 FAIL_SHARE = 0.5
 """At least this share of answers unusable for one reason fails the preflight; any smaller share warns."""
 LOW_ACCEPT_LENGTH_TOKENS = 2.0
 """Below this many tokens per verify pass, speculative decoding barely pays for its draft steps."""
-BUDGET_GROWTH_FACTOR = 2
 BUDGET_GRANULARITY_TOKENS = 1024
 DEFAULT_MAX_TOKENS = SamplingSettings().max_tokens
 HTTP_UNAUTHORIZED = 401
