@@ -49,7 +49,7 @@ class Liveness(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class LivenessVerdict:
     state: Liveness
     reason: str
 
@@ -82,12 +82,14 @@ class LivenessJudge:
     def window_s(self, snapshot: MetricsSnapshot) -> float:
         return self.stall_s if snapshot.has_step_counter else self.completion_stall_s
 
-    def observe(self, now: float, snapshot: MetricsSnapshot | None, in_flight: int) -> Verdict:
+    def observe(self, now: float, snapshot: MetricsSnapshot | None, in_flight: int) -> LivenessVerdict:
         """Take one scrape (None: `/metrics` did not answer) at monotonic time `now`."""
         if snapshot is None:
             self._unanswered += 1
             if self._unanswered >= self.down_after:
-                return Verdict(Liveness.DOWN, f"/metrics unanswered {self._unanswered} times in a row")
+                return LivenessVerdict(
+                    Liveness.DOWN, f"/metrics unanswered {self._unanswered} times in a row"
+                )
         else:
             self._unanswered = 0
             moved = self._last is None or snapshot.progress != self._last.progress
@@ -96,10 +98,10 @@ class LivenessJudge:
                 self._quiet_since = now
         return self._stall_verdict(now, in_flight)
 
-    def _stall_verdict(self, now: float, in_flight: int) -> Verdict:
+    def _stall_verdict(self, now: float, in_flight: int) -> LivenessVerdict:
         last, quiet_since = self._last, self._quiet_since
         if last is None or quiet_since is None:
-            return Verdict(Liveness.LIVE, "no answered scrape yet")
+            return LivenessVerdict(Liveness.LIVE, "no answered scrape yet")
         quiet_s = now - quiet_since
         window_s = self.window_s(last)
         load = (
@@ -108,11 +110,11 @@ class LivenessJudge:
         )
         if (last.busy or in_flight > 0) and quiet_s >= window_s:
             counters = "per-step token counter" if last.has_step_counter else "completion counters"
-            return Verdict(
+            return LivenessVerdict(
                 Liveness.HUNG,
                 f"{load}, and no progress of its {counters} for {quiet_s:.0f} s (window {window_s:.0f} s)",
             )
-        return Verdict(Liveness.LIVE, f"{load}; last progress {quiet_s:.0f} s ago")
+        return LivenessVerdict(Liveness.LIVE, f"{load}; last progress {quiet_s:.0f} s ago")
 
 
 class QueueSwitch(Protocol):
@@ -238,7 +240,7 @@ class LivenessWatcher:
             except Exception:
                 log.exception("liveness: the watcher's poll failed unexpectedly; polling on")
 
-    def poll_once(self) -> Verdict | None:
+    def poll_once(self) -> LivenessVerdict | None:
         """Scrape once and return the judge's verdict; None when `/metrics` is refused (not enabled)."""
         snapshot: MetricsSnapshot | None
         try:
@@ -263,7 +265,7 @@ class LivenessWatcher:
         self._metrics_refused = False
         return self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
 
-    def recover(self, verdict: Verdict) -> None:
+    def recover(self, verdict: LivenessVerdict) -> None:
         """Stop taking batches, hand back the work in flight, get the server generating, resume."""
         reason = f"server {self._url} is {verdict.state.value}: {verdict.reason}"
         log.error(

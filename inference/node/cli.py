@@ -12,7 +12,7 @@ from typing import Any
 from inference.errors import ServerNotReady
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.command import build_commands
-from inference.node.errors import NodeError, ServerExited, SettingsError
+from inference.node.errors import NodeError, OptionError, ServerExited
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
 from inference.node.preflight_cli import register_preflight
 from inference.node.progress import RichStageProgress
@@ -212,7 +212,7 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         commands = build_commands(settings)
-    except SettingsError as error:
+    except OptionError as error:
         return _fail(error, EXIT_USAGE)
     if args.dry_run:
         for command in commands:
@@ -267,7 +267,7 @@ def wait_command(args: argparse.Namespace) -> int:
     except ServerNotReady as error:
         return _fail(error, EXIT_NOT_READY)
     except NodeError as error:
-        return _fail(error, EXIT_USAGE if isinstance(error, SettingsError) else EXIT_FAILED)
+        return _fail(error, EXIT_USAGE if isinstance(error, OptionError) else EXIT_FAILED)
     print(f"{probe.url} is ready: {probe.detail}")
     return EXIT_OK
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.node.errors import SettingsError
+from inference.node.errors import OptionError
 from inference.node.settings import ServeSettings
 
 LAUNCHER_ARGS = ("serve", "--model-type", "llm")
@@ -167,12 +167,12 @@ def check_extra_args(extra_args: tuple[str, ...], *, secrets_file: bool = False)
     for arg in extra_args:
         name = arg.split("=", 1)[0]
         if secrets_file and name == CONFIG:
-            raise SettingsError(
+            raise OptionError(
                 f"{CONFIG} after '--': serve gives SGLang the API key through its own {CONFIG} file "
                 "(one is allowed); pass those settings as flags after '--' instead"
             )
         if name in MANAGED_FLAGS:
-            raise SettingsError(
+            raise OptionError(
                 f"{name} after '--' would override the value serve sets itself; "
                 f"use serve's own option for it (see `python -m inference serve --help`)"
             )

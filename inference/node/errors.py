@@ -1,7 +1,7 @@
 """Errors of the GPU-node tools: serving and staging (readiness raises inference.errors.ServerNotReady).
 
 NodeError                    anything this package raises on purpose
-├── SettingsError            a bad option value; the message names the option and why
+├── OptionError            a bad option value; the message names the option and why
 ├── LaunchError              a server process could not be started or did not stay up
 │   └── ServerExited         a server process ended while it was supposed to run
 └── StagingError             the model folder could not be copied or is incomplete
@@ -18,7 +18,7 @@ class NodeError(Exception):
     """Root of every error raised on purpose by `inference.node`."""
 
 
-class SettingsError(NodeError, ValueError):
+class OptionError(NodeError, ValueError):
     """An option has a value that cannot work; the message says which and why."""
 
 

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from inference.node.errors import SettingsError
+from inference.node.errors import OptionError
 from inference.node.preflight.judging import Level, Verdict
 from inference.node.preflight.outcomes import PromptOutcome
 from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
@@ -117,7 +117,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
             PREFLIGHT_RUN_NAME, pinned=None, file_values=file_values, option_values=options
         )
     except RunSettingsError as error:
-        raise SettingsError(str(error)) from error
+        raise OptionError(str(error)) from error
     return run.sampling
 
 
@@ -128,15 +128,15 @@ def _sampling_from_values(values: Mapping[str, Any]) -> SamplingSettings:
             {**msgspec.to_builtins(SamplingSettings()), **given}, type=SamplingSettings
         )
     except msgspec.ValidationError as error:
-        raise SettingsError(f"invalid run settings: {error}") from error
+        raise OptionError(f"invalid run settings: {error}") from error
     if sampling.max_tokens < 1:
-        raise SettingsError(f"--max-tokens must be at least 1, got {sampling.max_tokens}")
+        raise OptionError(f"--max-tokens must be at least 1, got {sampling.max_tokens}")
     return sampling
 
 
 def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
     if args.count < 1:
-        raise SettingsError(f"--count must be at least 1, got {args.count}")
+        raise OptionError(f"--count must be at least 1, got {args.count}")
     if args.prompts is None:
         return _builtin_prompts(args.count)
     from producer.errors import SourceError  # the producer's readers only when a file is given
@@ -146,7 +146,7 @@ def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
     try:
         items = iter_prompts(args.prompts)
     except SourceError as error:
-        raise SettingsError(f"--prompts {args.prompts}: {error}") from error
+        raise OptionError(f"--prompts {args.prompts}: {error}") from error
     prompts: list[PreflightPrompt] = []
     with contextlib.closing(items):  # closing the generator releases the file or connection
         try:
@@ -158,9 +158,9 @@ def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
                 if len(prompts) == args.count:
                     break
         except SourceError as error:
-            raise SettingsError(f"--prompts {args.prompts}: {error}") from error
+            raise OptionError(f"--prompts {args.prompts}: {error}") from error
     if not prompts:
-        raise SettingsError(f"--prompts {args.prompts} holds no usable prompt")
+        raise OptionError(f"--prompts {args.prompts} holds no usable prompt")
     return prompts
 
 
@@ -180,7 +180,7 @@ def preflight_command(args: argparse.Namespace) -> int:
         sampling = sampling_from_args(args)
         prompts = prompts_from_args(args)
         api_key = read_api_key(args.api_key_env, args.api_key_file, os.environ)
-    except SettingsError as error:
+    except OptionError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.timeout <= 0:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from inference.node.errors import SettingsError
+from inference.node.errors import OptionError
 from inference.readiness import DEFAULT_READY_TIMEOUT_S
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 
@@ -81,33 +81,33 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if not self.model_path:
-            raise SettingsError("--model-path is required (a folder with config.json and the shards)")
+            raise OptionError("--model-path is required (a folder with config.json and the shards)")
         if ":" in self.served_model_name or not self.served_model_name:
-            raise SettingsError(
+            raise OptionError(
                 f"--served-model-name {self.served_model_name!r} must be non-empty and contain no ':' "
                 "(SGLang reads 'base:adapter' as a LoRA adapter)"
             )
         if not self.gpus:
-            raise SettingsError("--gpus names no GPU")
+            raise OptionError("--gpus names no GPU")
         if len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
-            raise SettingsError(f"--gpus {self.gpus} must be distinct indexes of 0 or more")
+            raise OptionError(f"--gpus {self.gpus} must be distinct indexes of 0 or more")
         for gpu in self.gpus:
             port = self.port_for(gpu)
             if not LOWEST_PORT <= port <= HIGHEST_PORT:
-                raise SettingsError(
+                raise OptionError(
                     f"--base-port {self.base_port} puts GPU {gpu} on port {port}, "
                     f"outside {LOWEST_PORT}-{HIGHEST_PORT}"
                 )
         _require_positive("--context-length", self.context_length_tokens)
         _require_positive("--max-running-requests", self.max_running_requests)
         if not 0.0 < self.mem_fraction_static < 1.0:
-            raise SettingsError(
+            raise OptionError(
                 f"--mem-fraction-static {self.mem_fraction_static} must be between 0 and 1 (exclusive)"
             )
         if self.api_key is not None and not self.api_key.strip():
-            raise SettingsError("the API key is empty; unset it or give a real key")
+            raise OptionError("the API key is empty; unset it or give a real key")
         if self.ready_timeout_s <= 0:
-            raise SettingsError(f"--ready-timeout {self.ready_timeout_s} must be more than 0 seconds")
+            raise OptionError(f"--ready-timeout {self.ready_timeout_s} must be more than 0 seconds")
 
     def port_for(self, gpu: int) -> int:
         return self.base_port + gpu
@@ -125,7 +125,7 @@ class ServeSettings:
 
 def _require_positive(option: str, value: int) -> None:
     if value <= 0:
-        raise SettingsError(f"{option} {value} must be 1 or more")
+        raise OptionError(f"{option} {value} must be 1 or more")
 
 
 def parse_gpus(spec: str) -> tuple[int, ...]:
@@ -138,12 +138,12 @@ def parse_gpus(spec: str) -> tuple[int, ...]:
         try:
             indexes = range(int(first), int(last) + 1) if dash else range(int(first), int(first) + 1)
         except ValueError:
-            raise SettingsError(f"--gpus {spec!r}: {part!r} is not an index or a range like 0-6") from None
+            raise OptionError(f"--gpus {spec!r}: {part!r} is not an index or a range like 0-6") from None
         if not indexes:
-            raise SettingsError(f"--gpus {spec!r}: the range {part!r} is empty")
+            raise OptionError(f"--gpus {spec!r}: the range {part!r} is empty")
         gpus.extend(indexes)
     if not gpus:
-        raise SettingsError(f"--gpus {spec!r} names no GPU")
+        raise OptionError(f"--gpus {spec!r} names no GPU")
     return tuple(gpus)
 
 
@@ -158,9 +158,9 @@ def read_api_key(env_name: str | None, key_file: Path | None, environ: Mapping[s
         try:
             key = key_file.read_text(encoding="utf-8").strip()
         except OSError as error:
-            raise SettingsError(f"--api-key-file {key_file}: cannot read it ({error.strerror})") from error
+            raise OptionError(f"--api-key-file {key_file}: cannot read it ({error.strerror})") from error
         if not key:
-            raise SettingsError(f"--api-key-file {key_file} is empty")
+            raise OptionError(f"--api-key-file {key_file} is empty")
         return key
     if env_name:
         key = environ.get(env_name, "").strip()

@@ -17,7 +17,7 @@ import pytest
 from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from inference.node.errors import SettingsError
+from inference.node.errors import OptionError
 from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
 from inference.node.preflight.outcomes import (
     PromptOutcome,
@@ -374,7 +374,7 @@ def test_the_run_toml_is_read_like_enqueue_reads_it_and_options_override_it(tmp_
 
 
 def test_a_zero_budget_is_a_usage_error() -> None:
-    with pytest.raises(SettingsError, match="--max-tokens must be at least 1"):
+    with pytest.raises(OptionError, match="--max-tokens must be at least 1"):
         sampling_from_args(_parse(["--max-tokens", "0"]))
 
 

@@ -13,7 +13,7 @@ from inference.exit_codes import EXIT_OK, EXIT_USAGE
 from inference.node import command as command_module
 from inference.node.cli import register
 from inference.node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets
-from inference.node.errors import SettingsError
+from inference.node.errors import OptionError
 from inference.node.settings import (
     ServeSettings,
     SpeculativeAlgorithm,
@@ -116,7 +116,7 @@ def test_extra_flags_go_to_sglang_verbatim_at_the_end() -> None:
 
 def test_an_extra_flag_that_would_override_a_managed_one_is_refused() -> None:
     settings = ServeSettings(model_path="/m", served_model_name="m", gpus=(0,), extra_args=("--port=1",))
-    with pytest.raises(SettingsError, match="--port after '--' would override"):
+    with pytest.raises(OptionError, match="--port after '--' would override"):
         build_commands(settings)
 
 
@@ -207,5 +207,5 @@ def test_the_api_key_comes_from_a_file_before_the_environment(tmp_path: Path) ->
     assert read_api_key("KEY", key_file, {"KEY": "from-env"}) == "from-file"
     assert read_api_key("KEY", None, {"KEY": "from-env"}) == "from-env"
     assert read_api_key("KEY", None, {}) is None
-    with pytest.raises(SettingsError, match="cannot read it"):
+    with pytest.raises(OptionError, match="cannot read it"):
         read_api_key("KEY", tmp_path / "missing", {})

@@ -12,7 +12,7 @@ import pytest
 from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
 from inference.readiness import ReadinessTarget
-from workers.liveness import Liveness, LivenessJudge, LivenessWatcher, Verdict, run_restart_command
+from workers.liveness import Liveness, LivenessJudge, LivenessVerdict, LivenessWatcher, run_restart_command
 from workers.settings import WorkerSettings
 
 STALL_S = 300.0
@@ -317,7 +317,7 @@ class Rig:
     clock: FakeClock
     watcher: LivenessWatcher
 
-    def poll_at(self, now: float) -> Verdict | None:
+    def poll_at(self, now: float) -> LivenessVerdict | None:
         self.clock.now = now
         return self.watcher.poll_once()
 
