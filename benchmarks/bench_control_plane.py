@@ -25,10 +25,10 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.enqueue import Enqueuer, pin_settings
-from producer.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
 from workers.app import make_app

@@ -29,7 +29,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from producer.local_stack import PROJECT_ROOT, free_port, start_redis
+from devstack.local_stack import PROJECT_ROOT, free_port, start_redis
 
 ONE_MILLION = 1_000_000
 TEN_MILLION = 10 * ONE_MILLION

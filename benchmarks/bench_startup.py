@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from producer.local_stack import PROJECT_ROOT, free_port
+from devstack.local_stack import PROJECT_ROOT, free_port
 
 DEFAULT_RUNS = 7
 TARGET_S = 0.5

@@ -65,8 +65,7 @@ from moto.server import ThreadedMotoServer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.fault_proxy import LOCALHOST, FaultProxy
-from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.local_stack import (
+from devstack.local_stack import (
     PROJECT_ROOT,
     ManagedProcess,
     RedisProcess,
@@ -75,6 +74,7 @@ from producer.local_stack import (
     start_redis,
     worker_env,
 )
+from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.keys import RunKeys
 
 # Fault kinds, as spelled in --faults.

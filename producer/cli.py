@@ -25,8 +25,7 @@ from workers.settings import DEFAULT_REDIS_URL
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
-    "producer.demo",
-    "producer.export_cli",
+        "producer.export_cli",
     "producer.report_cli",
     "producer.status_cli",
 )

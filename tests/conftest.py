@@ -11,7 +11,7 @@ import pytest
 import redis
 from moto.server import ThreadedMotoServer
 
-from producer.local_stack import RedisProcess, free_port, start_redis
+from devstack.local_stack import RedisProcess, free_port, start_redis
 
 TEST_BUCKET = "draftgen-test"
 FAKE_AWS_ENV = {

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from devstack.local_stack import wait_until
 from inference.simulator import SimulatorProcess
 from producer.gc import collect_orphans
-from producer.local_stack import wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.local_stack import PROJECT_ROOT, free_port
+from devstack.local_stack import PROJECT_ROOT, free_port
 
 pytestmark = pytest.mark.integration
 DEMO_TIMEOUT_S = 300
@@ -20,7 +20,7 @@ def test_the_local_demo_runs_the_sample_end_to_end_and_verifies(tmp_path: Path) 
         [
             sys.executable,
             "-m",
-            "producer",
+            "devstack",
             "demo",
             "--exit",
             "--workdir",
@@ -75,7 +75,7 @@ def test_sigterm_to_a_waiting_demo_stops_everything_it_started(tmp_path: Path) -
         [
             sys.executable,
             "-m",
-            "producer",
+            "devstack",
             "demo",
             "--workdir",
             str(tmp_path / "demo"),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy, SettingsError
-from producer.local_stack import wait_until
 from producer.reading import iter_prompts
 from workers.codec import decode_blob
 from workers.keys import RunKeys

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from producer.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until
+from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from producer.local_stack import PROJECT_ROOT, ManagedProcess, celery_command, free_port, http_ok, worker_env
+from devstack.local_stack import PROJECT_ROOT, ManagedProcess, celery_command, free_port, http_ok, worker_env
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 60

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from devstack.local_stack import wait_until
 from inference.errors import InferenceRejected
 from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.local_stack import wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger

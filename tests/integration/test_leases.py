@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from devstack.local_stack import free_port, start_redis
 from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
-from producer.local_stack import free_port, start_redis
 from tests.support.records import completion, prompt
 from workers.keys import RunKeys
 from workers.kombu_layout import waiting_generate_batches

@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from devstack.local_stack import free_port
 from inference.records import Quality
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
-from producer.local_stack import free_port
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.keys import RunKeys

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
+from devstack.local_stack import flower_process, free_port, http_ok, wait_until
 from inference.simulator import SimulatorProcess
-from producer.local_stack import flower_process, free_port, http_ok, wait_until
 from tests.support import prompt_files
 from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
 from tests.support.stack import simulators

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from devstack.local_stack import ManagedProcess, free_port, start_redis, wait_until
 from inference.simulator import SimulatorProcess
-from producer.local_stack import ManagedProcess, free_port, start_redis, wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger

@@ -25,9 +25,9 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstack.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
 from inference.simulator import RequestRecord, SimulatorSettings, predict_outcome
 from producer.cli import main as producer_main
-from producer.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from tests.support import prompt_files

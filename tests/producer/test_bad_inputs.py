@@ -22,9 +22,9 @@ import boto3
 import pytest
 import redis
 
+from devstack.local_stack import wait_until
 from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from producer.cli import main
-from producer.local_stack import wait_until
 from tests.support.bad_inputs import (
     BROKEN,
     DEAD_ERROR,

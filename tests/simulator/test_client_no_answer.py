@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from devstack.local_stack import free_port
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
-from producer.local_stack import free_port
 
 SHORT_TIMEOUT_S = 0.5
 

@@ -8,7 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from producer.local_stack import PROJECT_ROOT, REDIS_CONF, ManagedProcess, free_port, start_celery_worker
+from devstack.local_stack import PROJECT_ROOT, REDIS_CONF, ManagedProcess, free_port, start_celery_worker
 from tests.support.stack import Stack
 from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import redis
 
+from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from workers.ledger import RunLedger
 
 FAST_WORKER_ENV = {

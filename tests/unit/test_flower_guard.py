@@ -12,7 +12,7 @@ import pytest
 from celery import Celery
 from celery.signals import import_modules
 
-from producer.local_stack import PROJECT_ROOT
+from devstack.local_stack import PROJECT_ROOT
 from workers.flower_guard import (
     DEFAULT_ADDRESS,
     FlowerLogin,

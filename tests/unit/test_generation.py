@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from devstack.local_stack import wait_until
 from inference.client import ChatResult
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.records import Message, Origin, Quality, SamplingSettings, Usage
-from producer.local_stack import wait_until
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from workers.generation import (

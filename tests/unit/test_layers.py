@@ -1,4 +1,5 @@
-"""The layers stay layered: inference lowest, workers below producer, no Celery app where none is needed."""
+"""The layers stay layered: inference lowest, workers below producer, devstack (dev tooling) above all,
+no Celery app where none is needed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_UPWARD_IMPORTS = {("inference/node/preflight_cli.py", "producer")}
 # The modules that exist to talk to Celery (or are the processes' edges); every other may not build an app.
 MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
-FORBIDDEN_BELOW = {"inference": {"workers", "producer"}, "workers": {"producer"}}
+FORBIDDEN_BELOW = {
+    "inference": {"workers", "producer", "devstack"},
+    "workers": {"producer", "devstack"},
+    "producer": {"devstack"},  # development tooling is not shipped: nothing shipped may need it
+}
 
 
 def imported_packages(path: Path) -> set[str]:

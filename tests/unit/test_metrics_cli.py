@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from producer.local_stack import PROJECT_ROOT
+from devstack.local_stack import PROJECT_ROOT
 
 CLOSED_REDIS = "redis://127.0.0.1:1/0"  # the exporter reads Redis only when scraped
 

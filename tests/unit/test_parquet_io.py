@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from producer.local_stack import PROJECT_ROOT
+from devstack.local_stack import PROJECT_ROOT
 from tests.support.records import completion
 from workers.parquet_io import completions_to_parquet, prompt_ids_in, read_completions
 

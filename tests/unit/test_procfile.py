@@ -9,7 +9,7 @@ import sys
 
 from honcho.environ import parse_procfile
 
-from producer.local_stack import PROJECT_ROOT
+from devstack.local_stack import PROJECT_ROOT
 
 PROCESSES = parse_procfile((PROJECT_ROOT / "Procfile").read_text()).processes
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from producer.local_stack import PROJECT_ROOT
+from devstack.local_stack import PROJECT_ROOT
 
 HEAVY_MODULES = ("celery", "openai", "pyarrow", "boto3", "aiohttp")
 PROBE_TIMEOUT_S = 60

@@ -1,6 +1,6 @@
 """Processes of a local rehearsal: redis-server, simulated GPUs, workers, uploader, Flower.
 
-Used by `python -m producer demo` and by the integration tests, so both run the real commands.
+Used by `python -m devstack demo` and by the integration tests, so both run the real commands.
 Every process writes its log to a file and is started in its own process group, so a SIGKILL
 takes it down with its children, as a crash would.
 """

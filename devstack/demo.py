@@ -1,4 +1,4 @@
-"""`python -m producer demo`: the whole pipeline on this machine, with simulated GPUs.
+"""`python -m devstack demo`: the whole pipeline on this machine, with simulated GPUs.
 
 Starts redis-server (the shipped config), one simulated SGLang server per GPU, a generate worker
 per GPU, the uploader and Flower; enqueues the bundled sample; waits; verifies; says where to look.
@@ -20,10 +20,7 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
-from inference.sglang_defaults import SGLANG_BASE_PORT
-from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.local_stack import (
+from devstack.local_stack import (
     PROJECT_ROOT,
     ManagedProcess,
     flower_process,
@@ -35,6 +32,9 @@ from producer.local_stack import (
     worker_env,
     write_private_file,
 )
+from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from inference.sglang_defaults import SGLANG_BASE_PORT
+from inference.simulator import SimulatorProcess, SimulatorSettings
 from producer.settings import ProducerSettings
 from workers.ledger import RunLedger
 

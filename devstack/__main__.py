@@ -1,0 +1,21 @@
+"""`python -m devstack demo`: the whole pipeline on this machine (what `scripts/demo` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from devstack import demo
+from producer.settings import ProducerSettings
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m devstack")
+    demo.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args()
+    exit_code: int = args.handler(args, ProducerSettings.from_env())
+    return exit_code
+
+
+raise SystemExit(main())
