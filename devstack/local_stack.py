@@ -11,7 +11,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+from inference.simulator.process import free_port as free_port  # one free-port finder for all
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REDIS_CONF = PROJECT_ROOT / "deploy" / "redis.conf"
@@ -41,13 +42,6 @@ MASKED_PASSWORD = "***"
 
 class ProcessFailed(RuntimeError):
     """A managed process exited or never became ready; the message carries its log's tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import stat
 import sys
 import threading
@@ -19,6 +18,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from devstack.local_stack import free_port, wait_until
+from tests.support.aws import use_fake_aws
+
 FLAGS_FILE = Path(__file__).parent / "fixtures" / "sglang-0.5.23-flags.txt"
 WAIT_DEADLINE_S = 10.0
 POLL_S = 0.02
@@ -26,24 +28,13 @@ SHARD_BYTES = 300_000
 
 
 def _wait_for(condition: Callable[[], bool], what: str, deadline_s: float = WAIT_DEADLINE_S) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        threading.Event().wait(POLL_S)
+    wait_until(condition, timeout_s=deadline_s, what=what)
 
 
 @pytest.fixture
 def wait_for() -> Callable[..., None]:
     """`wait_for(condition, what)`: poll until the condition holds, failing the test at a deadline."""
     return _wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -60,6 +51,7 @@ def sglang_flags() -> set[str]:
 FAKE_SGLANG = """#!{python}
 # Stands in for `sglang serve`: logs its argv and GPU, then runs until SIGTERM/SIGINT.
 import os, signal, sys
+
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 print("fake sglang argv:", " ".join(sys.argv[1:]), flush=True)
 print("fake sglang CUDA_VISIBLE_DEVICES=" + gpu, flush=True)
@@ -201,24 +193,8 @@ def model_folder(tmp_path: Path) -> Path:
     return write_model_folder(tmp_path / "source" / "TinyModel")
 
 
-@pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
-def s3_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """Point boto3's standard configuration at moto's server, as for a real S3-compatible store."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    for variable in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(variable, raising=False)
-    return moto_endpoint
+    use_fake_aws(monkeypatch, tmp_path, endpoint_url=s3_endpoint)
+    return s3_endpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,6 @@ import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from moto.server import ThreadedMotoServer
 from producer_test_data import (
     WriteHuggingFaceDataset,
     WriteJsonl,
@@ -21,9 +20,9 @@ from producer_test_data import (
     write_arrow_stream,
 )
 
-LOOPBACK = "127.0.0.1"
-ANY_FREE_PORT = 0
-REGION = "us-east-1"
+from tests.support.aws import FAKE_REGION, use_fake_aws
+
+REGION = FAKE_REGION
 
 
 @pytest.fixture
@@ -78,26 +77,10 @@ def write_hf_dataset(tmp_path: Path) -> WriteHuggingFaceDataset:
     return write
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server over real HTTP on a free loopback port."""
-    server = ThreadedMotoServer(ip_address=LOOPBACK, port=ANY_FREE_PORT, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.fixture
 def aws_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Fake credentials, and no chance of reading a real AWS config from this machine."""
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    use_fake_aws(monkeypatch, tmp_path)
 
 
 @pytest.fixture

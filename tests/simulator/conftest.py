@@ -10,20 +10,9 @@ import openai
 import pytest
 
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from tests.support.simulator_client import make_client
 
 FAST_SPEEDUP = 1000.0
-CLIENT_TIMEOUT_S = 15.0
-API_KEY = "unused-by-the-default-server"
-
-
-def make_client(
-    sim: SimulatorProcess, api_key: str = API_KEY, timeout_s: float = CLIENT_TIMEOUT_S
-) -> openai.OpenAI:
-    return openai.OpenAI(base_url=sim.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
-
-
-def user(text: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": text}]
 
 
 @pytest.fixture(scope="session")

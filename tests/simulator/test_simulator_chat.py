@@ -16,7 +16,7 @@ from inference.simulator import (
     count_prompt_tokens,
     predict_outcome,
 )
-from tests.simulator.conftest import make_client, user
+from tests.support.simulator_client import make_client, user
 
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 

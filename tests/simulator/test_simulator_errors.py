@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
-from tests.simulator.conftest import make_client, user
 from tests.simulator.test_simulator_scheduler import poll_until, running_and_queued, send_in_background
+from tests.support.simulator_client import make_client, user
 
 SMALL_CONTEXT_TOKENS = 64
 AIOHTTP_DEFAULT_BODY_LIMIT_BYTES = 1024**2

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from inference.simulator import AdminClient, SimulatorProcess, SimulatorSettings
-from tests.simulator.conftest import make_client, user
 from tests.simulator.test_simulator_scheduler import poll_until, send_in_background
+from tests.support.simulator_client import make_client, user
 
 SHORT_TIMEOUT_S = 0.5
 

@@ -9,7 +9,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.simulator import SimulatorProcess
-from tests.simulator.conftest import user
+from tests.support.simulator_client import user
 
 SCHEDULER_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
 REQUEST_LABELS = {"model_name", "engine_type", "is_streaming"}

@@ -13,7 +13,7 @@ import pytest
 
 from inference.simulator import SimulatorSettings, count_prompt_tokens, predict_outcome, settings_to_argv
 from inference.simulator.settings import add_settings_arguments, settings_from_args
-from tests.simulator.conftest import user
+from tests.support.simulator_client import user
 
 SAMPLE_PROMPTS = 1500
 

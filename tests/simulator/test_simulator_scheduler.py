@@ -13,21 +13,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from devstack.local_stack import wait_until
 from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens
-from tests.simulator.conftest import make_client, user
+from tests.support.simulator_client import make_client, user
 
 POLL_DEADLINE_S = 10.0
-POLL_INTERVAL_S = 0.01
 
 
 def poll_until(condition: Callable[[], bool], deadline_s: float = POLL_DEADLINE_S) -> None:
-    """Poll `condition` until it holds; fail at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {deadline_s} s")
-        time.sleep(POLL_INTERVAL_S)
+    wait_until(condition, timeout_s=deadline_s, what="the simulator's metrics to move")
 
 
 def sample_value(exposition: str, name: str) -> float:

@@ -10,7 +10,7 @@ import httpx
 import openai
 
 from inference.simulator import EOS_TOKEN_ID, SimulatorProcess, SimulatorSettings, predict_outcome
-from tests.simulator.conftest import user
+from tests.support.simulator_client import user
 
 
 def delta_text(chunks: list[Any], field: str) -> str:

@@ -22,8 +22,8 @@ from inference.simulator.token_ids import (
     THINK_START_TOKEN_ID,
     word_token_id,
 )
-from tests.simulator.conftest import user
 from tests.simulator.test_simulator_streaming import raw_events
+from tests.support.simulator_client import user
 
 THINKING_ON_GENERATION_PROMPT = [
     IM_START_TOKEN_ID,
