@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from inference.records import Prompt
-from producer.rows import FORMAT_FIELDS, ROW_FIELDS, RejectedRow, parse_row
-from producer.sources import (
+from producer.input_files import (
     ColumnSelection,
     S3ClientFactory,
     SourceRow,
@@ -25,6 +24,7 @@ from producer.sources import (
     default_s3_client,
     open_rows,
 )
+from producer.rows import FORMAT_FIELDS, ROW_FIELDS, RejectedRow, parse_row
 
 PROMPT_COLUMNS = ColumnSelection(wanted=ROW_FIELDS, need_one_of=FORMAT_FIELDS)
 

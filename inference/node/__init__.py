@@ -3,7 +3,7 @@
 settings.py   ServeSettings, the typed options of `serve`, with the reference workload's defaults
 command.py    the SGLang command line for one GPU (the one place that knows SGLang's flag names)
 launcher.py   the server processes: logs per GPU, signal forwarding, exit when one dies
-sources.py    a model folder on local disk or under an S3 prefix
+model_sources.py  a model folder on local disk or under an S3 prefix
 staging.py    copy it to /dev/shm once per node, verified
 progress.py   the rich progress bar staging shows
 units.py      byte counts for people

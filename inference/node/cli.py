@@ -14,6 +14,7 @@ from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.command import build_commands
 from inference.node.errors import NodeError, OptionError, ServerExited
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
+from inference.node.model_sources import open_source
 from inference.node.preflight_cli import register_preflight
 from inference.node.progress import RichStageProgress
 from inference.node.settings import (
@@ -37,7 +38,6 @@ from inference.node.settings import (
     read_api_key,
     sibling_executable,
 )
-from inference.node.sources import open_source
 from inference.node.staging import default_destination, stage_model
 from inference.node.units import human_bytes
 from inference.readiness import (

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
-from inference.node.sources import ModelSource, SourceFile
+from inference.node.model_sources import ModelSource, SourceFile
 from inference.node.units import human_bytes
 from inference.safe_paths import stays_inside
 

@@ -15,7 +15,7 @@ import pytest
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.node.cli import register
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
-from inference.node.sources import LocalSource, SourceFile, open_source
+from inference.node.model_sources import LocalSource, SourceFile, open_source
 from inference.node.staging import INDEX_FILE, default_destination, stage_model
 
 BUCKET = "models"

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from producer.input_files import READ_BUFFER_BYTES
 from producer.reading import iter_prompts
-from producer.sources import READ_BUFFER_BYTES
 
 ROW_COUNT = 100_000
 PARQUET_ROWS_PER_GROUP = 5_000

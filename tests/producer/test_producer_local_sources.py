@@ -14,9 +14,9 @@ from producer_test_data import WriteHuggingFaceDataset, WriteJsonl, WriteParquet
 
 from inference.records import Message, Prompt
 from producer.errors import SourceError
+from producer.input_files import SourceRow, open_rows
 from producer.reading import PROMPT_COLUMNS, iter_prompts
 from producer.rows import RejectedRow
-from producer.sources import SourceRow, open_rows
 
 if sys.version_info >= (3, 14):
     from compression import zstd

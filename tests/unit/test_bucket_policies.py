@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inference.node.sources import S3Source
+from inference.node.model_sources import S3Source
 from producer.export.exporter import PLAN_KEY, RECORD_KEY, SHARD_RECORDS_PREFIX
 from producer.gc import collect_orphans
 from producer.recover import check_output_belongs_to

@@ -133,9 +133,9 @@ def open_rows(
     if not data.strip():
         raise SourceError("DATA is empty: pass a file, a folder or an s3:// URL")
     if data.startswith(S3_SCHEME):
-        store: _Store = _S3Store.from_url(data, s3_client_factory())
+        store: _InputFiles = _S3InputFiles.from_url(data, s3_client_factory())
     else:
-        store = _LocalStore(Path(data))
+        store = _LocalInputFiles(Path(data))
     files = _data_files(store, data)
     readers = [_open_reader(store, data_file, columns) for data_file in files]
     return _rows_of(readers)
@@ -151,7 +151,7 @@ class _DataFile:
     label: str  # shown as SourceRow.file
 
 
-class _Store(Protocol):
+class _InputFiles(Protocol):
     """Where the files are: the local file system or one S3 bucket."""
 
     def is_file(self, name: str) -> bool: ...
@@ -160,7 +160,7 @@ class _Store(Protocol):
     def open(self, name: str) -> io.BufferedIOBase: ...
 
 
-def _data_files(store: _Store, data: str) -> list[_DataFile]:
+def _data_files(store: _InputFiles, data: str) -> list[_DataFile]:
     if store.is_file(data):
         return [_DataFile(name=data, kind=_kind_of(data, store), label="")]
     relative = store.list_under(data)
@@ -186,7 +186,7 @@ def _is_side_file(relative_name: str) -> bool:
     return name in SIDE_FILE_NAMES or name.endswith(SIDE_FILE_SUFFIXES)
 
 
-def _kind_of(name: str, store: _Store) -> FileKind:
+def _kind_of(name: str, store: _InputFiles) -> FileKind:
     lowered = name.lower()
     for suffix, kind in SUFFIX_KINDS.items():
         if lowered.endswith(suffix):
@@ -197,7 +197,7 @@ def _kind_of(name: str, store: _Store) -> FileKind:
     )
 
 
-def _hugging_face_shards(store: _Store, folder: str) -> list[_DataFile]:
+def _hugging_face_shards(store: _InputFiles, folder: str) -> list[_DataFile]:
     state_name = _join(folder, HF_STATE_FILE)
     try:
         state = json.loads(store.read_text(state_name))
@@ -235,7 +235,7 @@ class _Reader:
     rows: Callable[[], Iterator[SourceRow]]
 
 
-def _open_reader(store: _Store, data_file: _DataFile, columns: ColumnSelection | None) -> _Reader:
+def _open_reader(store: _InputFiles, data_file: _DataFile, columns: ColumnSelection | None) -> _Reader:
     name, label = data_file.name, data_file.label
     if data_file.kind is FileKind.PARQUET:
         names = _columns_to_read(_parquet_schema(store, name), columns, name)
@@ -279,7 +279,7 @@ def _jsonl_rows(raw: io.BufferedIOBase, kind: FileKind, label: str) -> Iterator[
             yield SourceRow(row=line_number, value=value, file=label)
 
 
-def _parquet_schema(store: _Store, name: str) -> pa.Schema:
+def _parquet_schema(store: _InputFiles, name: str) -> pa.Schema:
     try:
         with store.open(name) as stream:
             return pq.ParquetFile(stream).schema_arrow
@@ -293,7 +293,7 @@ def _parquet_rows(stream: io.BufferedIOBase, columns: list[str], label: str) -> 
         yield from _batch_rows(batches, label)
 
 
-def _arrow_stream_schema(store: _Store, name: str) -> pa.Schema:
+def _arrow_stream_schema(store: _InputFiles, name: str) -> pa.Schema:
     try:
         with store.open(name) as stream, pa.ipc.open_stream(stream) as reader:
             return reader.schema
@@ -329,7 +329,7 @@ def _columns_to_read(schema: pa.Schema, columns: ColumnSelection | None, file_na
 # --- stores -------------------------------------------------------------------------------
 
 
-class _LocalStore:
+class _LocalInputFiles:
     def __init__(self, data: Path) -> None:
         if not data.exists():
             raise SourceError(f"{data}: no such file or folder")
@@ -350,14 +350,14 @@ class _LocalStore:
         return io.BufferedReader(io.FileIO(name), buffer_size=READ_BUFFER_BYTES)
 
 
-class _S3Store:
+class _S3InputFiles:
     def __init__(self, client: S3Client, bucket: str) -> None:
         self._client = client
         self._bucket = bucket
         self._heads: dict[str, Mapping[str, Any]] = {}  # key -> HEAD response; pins size and ETag
 
     @classmethod
-    def from_url(cls, url: str, client: S3Client) -> _S3Store:
+    def from_url(cls, url: str, client: S3Client) -> _S3InputFiles:
         bucket, _, key = url.removeprefix(S3_SCHEME).partition("/")
         if not bucket:
             raise SourceError(f"{url}: no bucket name")
