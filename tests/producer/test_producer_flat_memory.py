@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer.input_files import READ_BUFFER_BYTES
+from producer.input_stores import READ_BUFFER_BYTES
 from producer.reading import iter_prompts
 
 ROW_COUNT = 100_000
