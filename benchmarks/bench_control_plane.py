@@ -26,16 +26,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
+from devstack.runs import enqueue_run
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
-from producer.recover import write_run_settings
 from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import RunSettings
 from workers.settings import WorkerSettings
-from workers.storage import open_store
 
 INSTANT_SPEEDUP = 100_000.0
 TINY_THINKING_TOKENS = 20.0
@@ -94,9 +92,7 @@ def main() -> int:
             cpu_before = redis_cpu_s(client)
             memory_before = int(client.info("memory")["used_memory"])
             enqueue_started = time.monotonic()
-            pinned = pin_settings(client, settings)
-            write_run_settings(open_store(pinned.output_url), pinned)  # the uploader checks it
-            Enqueuer(client, pinned, publisher, source="bench").enqueue(prompts)
+            enqueue_run(client, publisher, settings, prompts)
             publisher.close()
             enqueued = time.monotonic()
             ledger = RunLedger(client, "cp")

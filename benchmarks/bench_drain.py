@@ -25,17 +25,15 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
+from devstack.runs import enqueue_run
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
-from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
-from producer.recover import write_run_settings
 from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
-from workers.storage import open_store
 
 GPUS = 2
 SLOTS = 48
@@ -113,9 +111,7 @@ def run_once(
             run=name, sampling=SAMPLING, output_url=(logs / name).as_uri(), batch_size=batch
         )
         publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
-        pinned = pin_settings(client, settings)
-        write_run_settings(open_store(pinned.output_url), pinned)  # as enqueue does: the uploader checks it
-        Enqueuer(client, pinned, publisher, source="bench").enqueue(prompts)
+        enqueue_run(client, publisher, settings, prompts)
         publisher.close()
         ledger = RunLedger(client, name)
         wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{name} to finish")

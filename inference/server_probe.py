@@ -11,7 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.errors import InferenceError, InferenceRejected, InferenceUnavailable
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
 
 HEALTH_PATH = "/health"
@@ -63,46 +63,44 @@ class ServerProbe:
         except OSError:
             return None
 
-    def read_server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
-        """The `/server_info` body. Raises InferenceUnavailable, saying why, when there is none."""
-        url = self.server_url.rstrip("/") + SERVER_INFO_PATH
+    def _body(self, path: str, timeout_s: float) -> tuple[str, bytes]:
+        """The URL and body of GET `path` when it answered 200. Raises InferenceUnavailable when no
+        usable answer came (refused, timed out, 5xx), InferenceRejected when it answered 4xx."""
+        url = self.server_url.rstrip("/") + path
         try:
-            status, body = self.get(SERVER_INFO_PATH, timeout_s)
+            status, body = self.get(path, timeout_s)
         except OSError as error:
-            raise InferenceUnavailable(f"GET {url}: {error}") from error
-        if status != HTTP_OK:
-            raise InferenceUnavailable(f"GET {url} answered HTTP {status}", status=status)
+            raise InferenceUnavailable(f"GET {url}: {type(error).__name__}: {error}") from error
+        if status == HTTP_OK:
+            return url, body
+        message = f"GET {url} answered {status}"
+        if status < HTTP_SERVER_ERROR:
+            raise InferenceRejected(message, status=status)
+        raise InferenceUnavailable(message, status=status)
+
+    def read_server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any]:
+        """The `/server_info` body. Raises InferenceError, saying why, when there is none."""
+        url, body = self._body(SERVER_INFO_PATH, timeout_s)
         try:
             info = json.loads(body)
         except ValueError as error:
-            raise InferenceUnavailable(f"GET {url}: not JSON: {error}", status=status) from error
+            raise InferenceUnavailable(f"GET {url}: not JSON: {error}", status=HTTP_OK) from error
         if not isinstance(info, dict):
-            raise InferenceUnavailable(f"GET {url}: not a JSON object", status=status)
+            raise InferenceUnavailable(f"GET {url}: not a JSON object", status=HTTP_OK)
         return info
 
     def server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any] | None:
         """The `/server_info` body; None when the server does not answer it (down, older, foreign)."""
         try:
             return self.read_server_info(timeout_s)
-        except InferenceUnavailable:
+        except InferenceError:
             return None
 
     def metrics(self, timeout_s: float = DEFAULT_METRICS_TIMEOUT_S) -> MetricsSnapshot:
-        """Scrape `/metrics` (SGLang never asks a key for it; sending one does no harm).
-
-        Raises InferenceUnavailable when no usable answer came (refused, timed out, 5xx, unparsable),
-        InferenceRejected when the server answered 4xx: 404 means it runs without `--enable-metrics`.
-        """
-        url = self.server_url.rstrip("/") + METRICS_PATH
-        try:
-            status, body = self.get(METRICS_PATH, timeout_s)
-        except OSError as error:
-            raise InferenceUnavailable(f"GET {url}: {type(error).__name__}: {error}") from error
-        if status != HTTP_OK:
-            message = f"GET {url} answered {status}"
-            if status < HTTP_SERVER_ERROR:
-                raise InferenceRejected(message, status=status)
-            raise InferenceUnavailable(message, status=status)
+        """Scrape `/metrics` (SGLang never asks a key for it; sending one does no harm). Raises as `_body`
+        does, and InferenceUnavailable for a body that is not Prometheus text; a 404 means the server
+        runs without `--enable-metrics`."""
+        url, body = self._body(METRICS_PATH, timeout_s)
         try:
             return parse_metrics(body.decode("utf-8", errors="replace"))
         except ValueError as error:
@@ -115,5 +113,5 @@ class ServerProbe:
             return value
         try:
             return self.metrics(INFO_TIMEOUT_S).spec_accept_length
-        except (InferenceUnavailable, InferenceRejected):
+        except InferenceError:
             return None

@@ -13,25 +13,31 @@ from devstack.local_stack import PROJECT_ROOT, free_port
 
 pytestmark = pytest.mark.integration
 DEMO_TIMEOUT_S = 300
+DEMO_SPEEDUP = "100"
+
+
+def demo_command(tmp_path: Path, *options: str) -> list[str]:
+    """`python -m devstack demo` in its own folder and on free ports, as a user would start it."""
+    return [
+        sys.executable,
+        "-m",
+        "devstack",
+        "demo",
+        *options,
+        "--workdir",
+        str(tmp_path / "demo"),
+        "--redis-port",
+        str(free_port()),
+        "--flower-port",
+        str(free_port()),
+        "--speedup",
+        DEMO_SPEEDUP,
+    ]
 
 
 def test_the_local_demo_runs_the_sample_end_to_end_and_verifies(tmp_path: Path) -> None:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devstack",
-            "demo",
-            "--exit",
-            "--workdir",
-            str(tmp_path / "demo"),
-            "--redis-port",
-            str(free_port()),
-            "--flower-port",
-            str(free_port()),
-            "--speedup",
-            "100",
-        ],
+        demo_command(tmp_path, "--exit"),
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
@@ -72,20 +78,7 @@ def alive(pid: int) -> bool:
 
 def test_sigterm_to_a_waiting_demo_stops_everything_it_started(tmp_path: Path) -> None:
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devstack",
-            "demo",
-            "--workdir",
-            str(tmp_path / "demo"),
-            "--redis-port",
-            str(free_port()),
-            "--flower-port",
-            str(free_port()),
-            "--speedup",
-            "100",
-        ],
+        demo_command(tmp_path),
         cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

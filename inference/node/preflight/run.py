@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from inference.client import SGLangClient
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
-from inference.errors import InferenceError, InferenceUnavailable
+from inference.errors import InferenceError
 from inference.node.preflight.outcomes import (
     PromptOutcome,
     ServerFacts,
@@ -32,7 +32,7 @@ async def fetch_server_info(
     """`/server_info`, read after the prompts so its average accept length covers them."""
     try:
         payload = await asyncio.to_thread(ServerProbe(url, api_key).read_server_info, timeout_s)
-    except InferenceUnavailable as error:
+    except InferenceError as error:
         return ServerFacts(error=str(error))
     return server_facts(payload)
 
