@@ -63,6 +63,15 @@ def waiting_generate_batches(client: redis.Redis, *, max_messages: int) -> set[t
     return found
 
 
+def reserved_generate_batches(client: redis.Redis, run: str) -> set[str]:
+    """The batch ids of `run` whose generate message a worker has taken and not acknowledged yet."""
+    return {
+        batch[1]
+        for _tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=SCAN_COUNT)
+        if (batch := _batch_of_unacked(value)) is not None and batch[0] == run
+    }
+
+
 def drop_unacked_of_batches(client: redis.Redis, run: str, batch_ids: Iterable[str]) -> int:
     """Remove the unacknowledged messages of these batches, about to be dispatched anew: a dead worker's
     copies are then neither counted in flight nor restored hours later. Call it before dispatching, so

@@ -26,7 +26,7 @@ import redis
 
 from workers.dispatch import Dispatcher
 from workers.keys import KEY_PREFIX, RUNS_KEY, RunKeys
-from workers.kombu_layout import drop_unacked_of_batches, waiting_generate_batches
+from workers.kombu_layout import drop_unacked_of_batches, reserved_generate_batches, waiting_generate_batches
 from workers.leases import decode_holder
 from workers.periodic import PeriodicThread
 from workers.protocol import Scripts
@@ -107,12 +107,20 @@ class Reconciler:
         return report
 
     def reconcile_run(self, run: str) -> ReconcileReport:
-        """One run only (used by `enqueue` when re-run: whatever it left stranded goes back now)."""
-        return self._reconcile(run, _WaitingQueue(self._client, self._settings.max_scanned_messages))
+        """One run only (used by `enqueue` when re-run: whatever it left stranded goes back now).
 
-    def _reconcile(self, run: str, waiting: _WaitingQueue) -> ReconcileReport:
+        With no grace period, a batch whose message a live worker has just taken, and not yet leased,
+        counts as carried: right after an enqueue, many are. (The periodic pass cannot tell a live
+        worker's reserved message from a dead one's; its grace period covers that moment instead.)"""
+        reserved = reserved_generate_batches(self._client, run)
+        waiting = _WaitingQueue(self._client, self._settings.max_scanned_messages)
+        return self._reconcile(run, waiting, carried_elsewhere=reserved)
+
+    def _reconcile(
+        self, run: str, waiting: _WaitingQueue, carried_elsewhere: frozenset[str] | set[str] = frozenset()
+    ) -> ReconcileReport:
         report = self._take_back_expired(run)
-        candidates = self._stranded_candidates(run)
+        candidates = [b for b in self._stranded_candidates(run) if b not in carried_elsewhere]
         if candidates:
             queued = waiting.batches()
             report.queue_scanned = queued is not None

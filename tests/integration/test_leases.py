@@ -17,19 +17,22 @@ from devstack.local_stack import free_port, start_redis
 from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
 from tests.support.records import completion, prompt
+from workers.app import make_app
 from workers.keys import RunKeys
-from workers.kombu_layout import waiting_generate_batches
+from workers.kombu_layout import reserved_generate_batches, waiting_generate_batches
 from workers.leases import Acquired, LeaseKeeper, decode_holder
 from workers.ledger import RunLedger
 from workers.queues import GENERATE_QUEUE, GENERATE_TASK
 from workers.reconciler import Reconciler, ReconcileSettings
 from workers.runs import RunSettings
+from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.integration
 
 RUN = "leases"
 NO_TIME_S = 0.0  # a lease or grace of zero has run out at once: the tests need not wait for a clock
 LONG_S = 3600.0
+RECEIVE_TIMEOUT_S = 5.0
 
 
 class RecordingDispatcher:
@@ -229,3 +232,24 @@ def test_enqueue_re_run_requeues_the_batches_whose_messages_were_lost(redis_url:
     assert waiting_generate_batches(client, max_messages=100) == {
         ("lost-messages", raw.decode()) for raw in client.zrange(RunKeys("lost-messages").open_batches, 0, -1)
     }
+
+
+def test_a_message_a_worker_has_taken_but_not_leased_yet_keeps_its_batch_from_an_enqueue_requeue(
+    redis_url: str,
+) -> None:
+    # Given a run's two batches, each published; a worker has taken one message and not yet leased it
+    client = redis.Redis.from_url(redis_url)
+    taken, waiting = enqueue_batches(client, 2)
+    app = make_app(WorkerSettings(redis_url=redis_url))
+    for batch in (taken, waiting):
+        app.send_task(GENERATE_TASK, args=[RUN, batch])
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(GENERATE_QUEUE)
+        queue.get(block=True, timeout=RECEIVE_TIMEOUT_S)  # the first sent, `taken`
+        assert reserved_generate_batches(client, RUN) == {taken}
+        # When enqueue's own pass looks for batches no message carries
+        dispatcher = RecordingDispatcher()
+        report = reconciler(client, dispatcher, grace_s=NO_TIME_S).reconcile_run(RUN)
+        # Then neither is dispatched again: one is held by the worker, the other still queued
+        assert report.stranded == 0 and dispatcher.generated == []
+        queue.close()
