@@ -43,9 +43,7 @@ def _checked(store: ObjectStore, key: str, sha256: str | None, record: Committed
     return data
 
 
-def read_committed(
-    store: ObjectStore, on_entry: Callable[[int, int], None] | None = None
-) -> CommittedRecord:
+def read_committed(store: ObjectStore, on_entry: Callable[[int, int], None] | None = None) -> CommittedRecord:
     """Every committed part's prompt ids and dead letters, checksums checked; `on_entry(done, total)`
     after each manifest entry."""
     record = CommittedRecord(entries=read_manifest(store))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -30,12 +29,11 @@ from inference.node.preflight.judging import Level, Verdict
 from inference.node.preflight.outcomes import PromptOutcome
 from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
 from inference.node.preflight.report import PreflightReport, report_to_json
+from inference.node.preflight.run_files import registered_run_files
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
 from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
 
-PREFLIGHT_RUN_NAME = "preflight"
-"""resolve_run_settings wants a run name; only its sampling part is used here."""
 REPORT_WIDTH_COLUMNS = 120
 """Width of the report when stdout is not a terminal (a file, a pipe, CI logs)."""
 QUIET_LOGGERS = ("httpx", "httpcore", "openai")
@@ -108,17 +106,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
     options = {name: getattr(args, name) for name in SAMPLING_OPTION_NAMES}
     if args.config is None:
         return _sampling_from_values(options)
-    from producer.errors import SettingsError as RunSettingsError  # the producer only when a file is given
-    from producer.run_config import read_toml, resolve_run_settings
-
-    try:
-        file_values = read_toml(args.config)
-        run = resolve_run_settings(
-            PREFLIGHT_RUN_NAME, pinned=None, file_values=file_values, option_values=options
-        )
-    except RunSettingsError as error:
-        raise OptionError(str(error)) from error
-    return run.sampling
+    return registered_run_files().sampling(args.config, options)
 
 
 def _sampling_from_values(values: Mapping[str, Any]) -> SamplingSettings:
@@ -139,29 +127,7 @@ def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
         raise OptionError(f"--count must be at least 1, got {args.count}")
     if args.prompts is None:
         return _builtin_prompts(args.count)
-    from producer.errors import SourceError  # the producer's readers only when a file is given
-    from producer.reading import iter_prompts
-    from producer.rows import RejectedRow
-
-    try:
-        items = iter_prompts(args.prompts)
-    except SourceError as error:
-        raise OptionError(f"--prompts {args.prompts}: {error}") from error
-    prompts: list[PreflightPrompt] = []
-    with contextlib.closing(items):  # closing the generator releases the file or connection
-        try:
-            for item in items:
-                if isinstance(item, RejectedRow):
-                    print(f"--prompts: skipping row {item.row}: {item.reason}", file=sys.stderr)
-                    continue
-                prompts.append(PreflightPrompt(f"row {item.row}", item.messages))
-                if len(prompts) == args.count:
-                    break
-        except SourceError as error:
-            raise OptionError(f"--prompts {args.prompts}: {error}") from error
-    if not prompts:
-        raise OptionError(f"--prompts {args.prompts} holds no usable prompt")
-    return prompts
+    return registered_run_files().prompts(args.prompts, args.count)
 
 
 def _builtin_prompts(count: int) -> list[PreflightPrompt]:

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Known debt, tracked by issue 12 (step 3): preflight's file mode reads prompts with the producer's readers.
-ALLOWED_UPWARD_IMPORTS = {("inference/node/preflight_cli.py", "producer")}
 # The modules that exist to talk to Celery (or are the processes' edges); every other may not build an app.
 MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
 FORBIDDEN_BELOW = {
@@ -45,7 +43,7 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
         for path in (ROOT / package).rglob("*.py")
         for imported in imported_packages(path) & above
     )
-    assert set(upward) <= ALLOWED_UPWARD_IMPORTS, upward
+    assert upward == []
 
 
 def test_importing_any_module_that_does_not_send_messages_builds_no_celery_app() -> None:
