@@ -10,27 +10,23 @@ import sys
 
 import redis
 
-from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE
+from inference.exit_codes import EXIT_INTERRUPTED
 from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
-from producer.errors import (
-    ProducerError,
-)
+from producer.errors import ProducerError, as_producer_error
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S
 from producer.settings import REDIS_URL_ENV, ProducerSettings
-from workers.errors import Refused, StoreUnavailable
+from workers.errors import WorkerError
 from workers.runs import TruncationPolicy
 from workers.settings import DEFAULT_REDIS_URL
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
-        "producer.export_cli",
+    "producer.export_cli",
     "producer.report_cli",
     "producer.status_cli",
 )
-
-S3_HINT = " (check the AWS credentials, region, bucket and AWS_ENDPOINT_URL)"
 
 HELP_EPILOG = """examples:
   python -m producer enqueue prompts.jsonl --run qwen-think-v1 --max-tokens 32768 --output s3://bucket/runs
@@ -140,15 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _redis_where(args: argparse.Namespace) -> str:
-    """Where Redis was looked for, without a password."""
-    url = str(getattr(args, "redis_url", None) or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL)
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
 def _fail(message: str, exit_code: int, *, retry_helps: bool = False) -> int:
     print(f"error: {message}", file=sys.stderr)
     if retry_helps:
@@ -162,16 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
-        exit_code: int = args.handler(args, ProducerSettings.from_env())
+        return _run(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except ProducerError as error:
         return _fail(str(error), error.exit_code, retry_helps=error.retry_helps)
-    except Refused as error:  # --run, --output, a manifest key, the environment
-        return _fail(str(error), EXIT_USAGE)
-    except redis.RedisError as error:
-        return _fail(f"Redis at {_redis_where(args)}: {error}", EXIT_FAILED, retry_helps=True)
-    except StoreUnavailable as error:
-        return _fail(f"{error}{S3_HINT if 's3://' in str(error) else ''}", EXIT_FAILED, retry_helps=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, with what the layers below raise turned into the producer's one tree."""
+    try:
+        exit_code: int = args.handler(args, ProducerSettings.from_env())
+    except (WorkerError, redis.RedisError) as error:
+        redis_url = args.redis_url or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
+        raise as_producer_error(error, redis_url=redis_url) from error
     return exit_code

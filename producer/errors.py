@@ -15,13 +15,27 @@ ProducerError
 │   └── EnqueueBusy        another `enqueue` of the same run is at work
 └── RunStateBroken      exit 1, retrying cannot help: the run's state in Redis is unreadable;
                         `recover` from the output rebuilds it
+
+The layers below raise their own trees; `as_producer_error` says where each lands, so that
+`python -m producer` reports one tree:
+  redis.RedisError               -> RedisUnavailable
+  workers StoreUnavailable       -> OutputUnavailable
+  workers RetryLater (any other) -> Unavailable
+  workers Refused                -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
+  workers WorkerError (the rest) -> RunStateBroken (an object a manifest names is missing, a run unreadable)
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import redis
+
 from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
+from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
+from workers.settings import redacted_url
+
+S3_HINT = " (check the AWS credentials, region, bucket and AWS_ENDPOINT_URL)"
 
 
 class ProducerError(Exception):
@@ -71,6 +85,21 @@ class EnqueueBusy(Unavailable):
 
 
 class RunStateBroken(ProducerError):
-    """The run's state in Redis cannot be read (written by another version, or edited by hand)."""
+    """The run's state cannot be read: in Redis (written by another version, or edited by hand), or an
+    object its manifest names is missing."""
 
     exit_code = EXIT_FAILED
+
+
+def as_producer_error(error: WorkerError | redis.RedisError, *, redis_url: str) -> ProducerError:
+    """A lower layer's error as the branch of this tree that says the same (see the table above)."""
+    if isinstance(error, redis.RedisError):
+        return RedisUnavailable(f"Redis at {redacted_url(redis_url)}: {error}")
+    message = str(error.args[0]) if error.args else type(error).__name__  # KeyError's str() adds quotes
+    if isinstance(error, StoreUnavailable):
+        return OutputUnavailable(f"{message}{S3_HINT if 's3://' in message else ''}")
+    if isinstance(error, RetryLater):
+        return Unavailable(message)
+    if isinstance(error, Refused):
+        return UsageError(message)
+    return RunStateBroken(message)

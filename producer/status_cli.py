@@ -4,7 +4,6 @@ and list in full the rows refused at enqueue and the prompts dead-lettered."""
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time
@@ -19,7 +18,7 @@ from rich.live import Live
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record
 from producer import metrics_exporter
-from producer.errors import RedisUnavailable, RunNotFound, SettingsError
+from producer.errors import RunNotFound, SettingsError
 from producer.rows import RejectedRow
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status, load_settings
@@ -36,25 +35,10 @@ LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
 LISTED_KINDS = ("rejected", "dead")
 
-Handler = Callable[[argparse.Namespace, ProducerSettings], int]
 
 
 def _redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
     return redis.Redis.from_url(args.redis_url or settings.redis_url)
-
-
-def _redis_errors_reported(handler: Handler) -> Handler:
-    """A Redis failure ends the command with one line naming it, not a traceback."""
-
-    @functools.wraps(handler)
-    def guarded(args: argparse.Namespace, settings: ProducerSettings) -> int:
-        try:
-            return handler(args, settings)
-        except redis.RedisError as error:
-            url = args.redis_url or settings.redis_url
-            raise RedisUnavailable(f"Redis at {url.rpartition('@')[2]}: {error}") from error
-
-    return guarded
 
 
 def resolve_price(option: float | None, env: Mapping[str, str]) -> tuple[float | None, str]:
@@ -70,7 +54,6 @@ def resolve_price(option: float | None, env: Mapping[str, str]) -> tuple[float |
         raise SettingsError(f"{PRICE_ENV}={text!r} is not a number of dollars") from error
 
 
-@_redis_errors_reported
 def cmd_status(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = _redis(args, settings)
     run = check_run_name(args.run)
@@ -109,7 +92,6 @@ def _json(snapshot: Callable[[], RunStatus], watch_s: float | None) -> int:
         return EXIT_OK
 
 
-@_redis_errors_reported
 def cmd_pause(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = _redis(args, settings)
     run = check_run_name(args.run)
@@ -128,7 +110,6 @@ def cmd_pause(args: argparse.Namespace, settings: ProducerSettings) -> int:
     return EXIT_OK
 
 
-@_redis_errors_reported
 def cmd_resume(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = _redis(args, settings)
     run = check_run_name(args.run)
@@ -215,7 +196,6 @@ def describe_rejects(listing: RejectsListing, kinds: tuple[str, ...] = LISTED_KI
     return lines
 
 
-@_redis_errors_reported
 def cmd_rejects(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
     if args.output_url is not None:

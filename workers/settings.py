@@ -58,7 +58,8 @@ DEFAULT_SHUTDOWN_GRACE_S = 25.0
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
-def _redact_url(url: str) -> str:
+def redacted_url(url: str) -> str:
+    """The URL without its password (or user), to print or log."""
     if "@" not in url:
         return url
     scheme, _, rest = url.partition("://")
@@ -125,7 +126,7 @@ class WorkerSettings:
 
     def __repr__(self) -> str:
         return (
-            f"WorkerSettings(redis_url={_redact_url(self.redis_url)!r}, server_url={self.server_url!r}, "
+            f"WorkerSettings(redis_url={redacted_url(self.redis_url)!r}, server_url={self.server_url!r}, "
             f"gpu={self.gpu}, api_key={'***' if self.api_key else None}, max_in_flight={self.max_in_flight}, "
             f"max_attempts={self.max_attempts}, visibility_timeout_s={self.visibility_timeout_s})"
         )
