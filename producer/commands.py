@@ -27,13 +27,9 @@ from producer.verify import describe, verify_run
 from workers.errors import UnsupportedStoreUrl
 from workers.keys import RunKeys, check_run_name
 from workers.manifest import committed_locations
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings, decode_run_settings
-from workers.storage import (
-    ObjectStore,
-    check_output_folder,
-    normalise_output_url,
-    open_store,
-)
+from workers.storage import check_output_folder, normalise_output_url, open_store
 
 
 def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:

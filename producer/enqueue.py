@@ -44,9 +44,9 @@ from workers.codec import encode_blob
 from workers.jsonl_io import to_jsonl
 from workers.keys import FINGERPRINT_BUCKETS, RUNS_KEY, RunKeys
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
+from workers.object_store import ObjectStore
 from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, ORPHANED, Scripts
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
-from workers.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,9 @@ from producer.rows import RejectedRow
 from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.keys import check_run_name
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings
 from workers.settings import WorkerSettings
-from workers.storage import (
-    ObjectStore,
-)
 
 
 def _print_enqueue_report(report: EnqueueReport) -> None:

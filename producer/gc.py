@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 from workers.manifest import DATA_PREFIX, DEAD_PREFIX, completion_keys, read_manifest
-from workers.storage import ObjectStore
+from workers.object_store import ObjectStore
 
 # A flush writes its object moments before its manifest entry; younger objects may be mid-commit.
 DEFAULT_MIN_ORPHAN_AGE_S = 3600.0

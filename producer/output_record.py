@@ -19,8 +19,8 @@ from producer.enqueue import StoredRejection
 from workers.errors import ObjectMissing
 from workers.jsonl_io import from_jsonl
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
+from workers.object_store import ObjectStore
 from workers.parquet_io import prompt_ids_in
-from workers.storage import ObjectStore
 
 
 @dataclass

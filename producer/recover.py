@@ -22,8 +22,8 @@ from workers.errors import ObjectMissing
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger
 from workers.manifest import SETTINGS_KEY, encode_entry
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
-from workers.storage import ObjectStore
 
 IDS_PER_COMMAND = 10_000
 

@@ -25,8 +25,8 @@ from producer.export.loss_check import LossStats
 from workers.keys import RunKeys
 from workers.ledger import gpu_label
 from workers.manifest import ManifestEntry, completion_keys, read_manifest
+from workers.object_store import ObjectStore
 from workers.parquet_io import PARQUET_USE_THREADS
-from workers.storage import ObjectStore
 
 # Only these columns are read from each object: no text column is ever decoded.
 REPORT_COLUMNS = ("finish_reason", "quality", "usage", "timings", "origin", "spec_accept_length")

@@ -14,7 +14,7 @@ import redis
 
 from producer.output_record import read_committed, read_enqueued_ids
 from workers.keys import RunKeys
-from workers.storage import ObjectStore
+from workers.object_store import ObjectStore
 
 SCAN_COUNT = 10_000
 EXAMPLES_SHOWN = 5

@@ -19,11 +19,12 @@ from workers.dispatch import Dispatcher
 from workers.generation import GenerationEngine, RetryPolicy
 from workers.leases import LeaseKeeper
 from workers.ledger import gpu_label
+from workers.object_store import ObjectStore
 from workers.redis_client import connect
 from workers.runs import RunSettings, load_run_settings
 from workers.server_record import ServerRecord
 from workers.settings import WorkerSettings
-from workers.storage import ObjectStore, open_store
+from workers.storage import open_store
 from workers.tails import BatchTails
 from workers.uploader import Uploader
 

@@ -20,7 +20,8 @@ import hashlib
 import msgspec
 
 from inference.records import Record
-from workers.storage import ObjectStore, open_store
+from workers.object_store import ObjectStore
+from workers.storage import open_store
 
 MANIFEST_PREFIX = "manifest/"
 DATA_PREFIX = "data/"

@@ -20,7 +20,7 @@ import redis
 from workers.control import PAUSED_BY_OUTPUT_PIN, pause
 from workers.errors import ObjectMissing
 from workers.manifest import SETTINGS_KEY
-from workers.storage import ObjectStore
+from workers.object_store import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from botocore.config import Config
 
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, StoreUnavailable, UnsafeKey
-from workers.storage import ObjectInfo
+from workers.object_store import ObjectInfo
 
 STORE_RETRY_DELAY_S = 10.0
 # botocore retries each request (its own layer); a flush that still fails raises StoreUnavailable, and

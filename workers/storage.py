@@ -12,32 +12,13 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-    modified_at: float  # unix seconds
-
-
-class ObjectStore(Protocol):
-    url: str
-
-    def put(self, key: str, data: bytes) -> None: ...
-    def put_file(self, key: str, path: Path) -> None: ...
-    def put_if_absent(self, key: str, data: bytes) -> bool: ...
-    def get(self, key: str) -> bytes: ...
-    def list(self, prefix: str) -> Iterator[ObjectInfo]: ...
-    def delete(self, key: str) -> None: ...
-
+from workers.object_store import ObjectInfo, ObjectStore
 
 DEFAULT_FILE_MODE = 0o666  # what open() asks for; the umask takes away from it
 PROC_STATUS = Path("/proc/self/status")

@@ -37,11 +37,11 @@ from workers.manifest import (
     manifest_key,
     server_key,
 )
+from workers.object_store import ObjectStore
 from workers.output_pin import OutputPin
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
 from workers.protocol import Scripts
 from workers.settings import UploadSettings
-from workers.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from producer.export.errors import ExportError
 from producer.recover import read_run_settings
 from workers.errors import ObjectMissing
 from workers.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
+from workers.object_store import ObjectStore
 from workers.parquet_io import read_completions
 from workers.runs import RunSettings
-from workers.storage import ObjectStore
 
 
 class RunOutput:

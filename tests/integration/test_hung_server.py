@@ -22,7 +22,7 @@ from inference.simulator import SimulatorProcess, SimulatorSettings
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
 from workers.ledger import RunLedger
-from workers.queues import GENERATE_QUEUE
+from workers.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,6 @@ STALL_S = "3"  # the per-step counter moves every decode step; completions come 
 POLL_S = "0.25"
 GATE_TIMEOUT_S = 60.0
 WAIT_S = 30.0
-KOMBU_UNACKED_KEY = "unacked"  # kombu's hash of the messages workers hold: {tag: [message, exchange, key]}
 
 RESTART_SCRIPT = '''\
 """Stands in for `systemctl restart`: once the test opens the gate, it clears the simulator's hang."""

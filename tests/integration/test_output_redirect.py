@@ -13,9 +13,10 @@ from tests.support.records import completion
 from workers.control import PAUSED_BY_OUTPUT_PIN, pause_state, resume
 from workers.ledger import RunLedger
 from workers.manifest import read_manifest
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings, encode_run_settings, load_run_settings
 from workers.settings import UploadSettings
-from workers.storage import ObjectStore, open_store
+from workers.storage import open_store
 from workers.uploader import Uploader
 
 pytestmark = pytest.mark.integration

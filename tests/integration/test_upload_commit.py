@@ -17,10 +17,11 @@ from tests.support.records import completion, prompt
 from workers.errors import RetryLater
 from workers.ledger import RunLedger
 from workers.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest
+from workers.object_store import ObjectStore
 from workers.parquet_io import completions_to_parquet
 from workers.runs import RunSettings, encode_run_settings, load_run_settings
 from workers.settings import UploadSettings
-from workers.storage import ObjectStore, open_store
+from workers.storage import open_store
 from workers.uploader import Uploader
 
 pytestmark = pytest.mark.integration

@@ -8,9 +8,10 @@ from inference.records import SamplingSettings
 from workers.control import PAUSED_BY_OUTPUT_PIN, pause_state
 from workers.keys import RunKeys
 from workers.manifest import SETTINGS_KEY
+from workers.object_store import ObjectStore
 from workers.output_pin import OutputPin, output_pin_mismatch
 from workers.runs import RunSettings, encode_run_settings
-from workers.storage import ObjectStore, open_store
+from workers.storage import open_store
 
 RUN = "pinned-run"
 

@@ -26,8 +26,9 @@ from producer.report import (
 from producer.report_render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, summary_rows, write_report
 from workers.keys import RunKeys
 from workers.manifest import ManifestEntry, data_key, encode_entry, manifest_key
+from workers.object_store import ObjectStore
 from workers.parquet_io import completions_to_parquet
-from workers.storage import FolderStore, ObjectStore
+from workers.storage import FolderStore
 
 RUN = "report-test"
 T0 = 1_750_000_000.0  # the run's first request, unix seconds
