@@ -29,6 +29,7 @@ from producer.run_config import read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.keys import check_run_name
 from workers.object_store import ObjectStore
+from workers.redis_client import redis_now_s
 from workers.runs import RunSettings
 from workers.settings import WorkerSettings
 
@@ -126,6 +127,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     check_output_belongs_to(store, run)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
+    started_s = redis_now_s(client)  # batches dispatched before this are the ones a re-run checks
 
     app = make_app(worker_settings)
     publisher = BatchPublisher(app)
@@ -144,7 +146,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
         return EXIT_INTERRUPTED
     # A re-run also sends again every batch of the run that no message carries and nobody leases.
     requeue = ReconcileSettings(upload_max_age_s=worker_settings.upload.max_age_s, stranded_grace_s=0.0)
-    stranded = Reconciler(client, CeleryDispatcher(app), requeue).reconcile_run(run)
+    stranded = Reconciler(client, CeleryDispatcher(app), requeue).reconcile_run(
+        run, dispatched_before_s=started_s
+    )
     if stranded.expired_leases or stranded.stranded:
         print(f"requeued            {stranded.expired_leases + stranded.stranded} batches no message carried")
     return EXIT_OK

@@ -48,7 +48,8 @@ for _, id in ipairs(cjson.decode(ARGV[1])) do
   redis.call('SADD', KEYS[2], id)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-local now = redis.call('TIME')[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 for i = 3, #ARGV, 2 do
   redis.call('SET', KEYS[5 + (i - 3) / 2], ARGV[i])
   redis.call('SADD', KEYS[3], ARGV[i + 1])
@@ -268,11 +269,12 @@ return out
 # to now, so the next pass judges them afresh). KEYS: open_batches, leases. ARGV: batch ids.
 # Returns the ids the caller must publish.
 REDISPATCH = """
-local t = redis.call('TIME')[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local out = {}
 for _, id in ipairs(ARGV) do
   if redis.call('ZSCORE', KEYS[2], id) == false and redis.call('ZSCORE', KEYS[1], id) ~= false then
-    redis.call('ZADD', KEYS[1], t, id)
+    redis.call('ZADD', KEYS[1], now, id)
     table.insert(out, id)
   end
 end

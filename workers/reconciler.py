@@ -20,6 +20,7 @@ sends the second away.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import redis
@@ -30,6 +31,7 @@ from workers.kombu_layout import drop_unacked_of_batches, reserved_generate_batc
 from workers.leases import decode_holder
 from workers.periodic import PeriodicThread
 from workers.protocol import Scripts
+from workers.redis_client import redis_now_s
 
 log = logging.getLogger(__name__)
 
@@ -106,21 +108,33 @@ class Reconciler:
             log.info("reconciled: %s", report)
         return report
 
-    def reconcile_run(self, run: str) -> ReconcileReport:
-        """One run only (used by `enqueue` when re-run: whatever it left stranded goes back now).
+    def reconcile_run(self, run: str, *, dispatched_before_s: float) -> ReconcileReport:
+        """One run only, with no grace period: `enqueue`, re-run, sends back now whatever an earlier
+        enqueue or a lost worker left stranded.
 
-        With no grace period, a batch whose message a live worker has just taken, and not yet leased,
-        counts as carried: right after an enqueue, many are. (The periodic pass cannot tell a live
-        worker's reserved message from a dead one's; its grace period covers that moment instead.)"""
-        reserved = reserved_generate_batches(self._client, run)
+        Only batches dispatched before `dispatched_before_s` (Redis time: when this enqueue began) are
+        judged; the ones it published itself have their messages. A message goes from the queue to a
+        worker's unacknowledged hash to a lease, so they are read in that order: one on its way is
+        seen in one of them. (The periodic pass cannot tell a live worker's unacknowledged message
+        from a dead one's; its grace period covers that moment instead.)"""
         waiting = _WaitingQueue(self._client, self._settings.max_scanned_messages)
-        return self._reconcile(run, waiting, carried_elsewhere=reserved)
+        waiting.batches()
+        reserved = reserved_generate_batches(self._client, run)
+        return self._reconcile(
+            run, waiting, carried_elsewhere=reserved, dispatched_before_s=dispatched_before_s
+        )
 
     def _reconcile(
-        self, run: str, waiting: _WaitingQueue, carried_elsewhere: frozenset[str] | set[str] = frozenset()
+        self,
+        run: str,
+        waiting: _WaitingQueue,
+        carried_elsewhere: frozenset[str] | set[str] = frozenset(),
+        dispatched_before_s: float = math.inf,
     ) -> ReconcileReport:
         report = self._take_back_expired(run)
-        candidates = [b for b in self._stranded_candidates(run) if b not in carried_elsewhere]
+        candidates = [
+            b for b in self._stranded_candidates(run, dispatched_before_s) if b not in carried_elsewhere
+        ]
         if candidates:
             queued = waiting.batches()
             report.queue_scanned = queued is not None
@@ -148,12 +162,12 @@ class Reconciler:
             report.expired_leases += 1
         return report
 
-    def _stranded_candidates(self, run: str) -> list[str]:
-        """Open batches nobody leases whose last dispatch is older than the grace period."""
+    def _stranded_candidates(self, run: str, dispatched_before_s: float) -> list[str]:
+        """Open batches nobody leases whose last dispatch is older than the grace period (and than
+        `dispatched_before_s`)."""
         keys = RunKeys(run)
-        seconds, _micros = self._client.time()
-        before = seconds - self._settings.stranded_grace_s
-        ids = [raw.decode() for raw in self._client.zrangebyscore(keys.open_batches, "-inf", before)]
+        before = min(redis_now_s(self._client) - self._settings.stranded_grace_s, dispatched_before_s)
+        ids = [raw.decode() for raw in self._client.zrangebyscore(keys.open_batches, "-inf", f"({before}")]
         if not ids:
             return []
         leased = self._client.zmscore(keys.leases, ids)
@@ -178,8 +192,7 @@ class Reconciler:
         oldest = self._client.zrange(keys.staged_index, 0, 0, withscores=True)
         if not oldest:
             return 0
-        seconds, micros = self._client.time()
-        age_s = seconds + micros / 1e6 - oldest[0][1]
+        age_s = redis_now_s(self._client) - oldest[0][1]
         if age_s < self._settings.upload_max_age_s and not self._drained(keys):
             return 0
         self._dispatch.flush(run)

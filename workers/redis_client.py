@@ -16,6 +16,13 @@ from redis.retry import Retry
 REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
 REDIS_BACKOFF_CAP_S = 4.0  # 16 tries at up to 4 s each: ~30 s of outage on average, ~60 s at most
+MICROSECONDS_PER_S = 1e6
+
+
+def redis_now_s(client: redis.Redis) -> float:
+    """Redis's clock, the one the protocol's scripts stamp with (hosts' clocks may disagree)."""
+    seconds, microseconds = client.time()
+    return float(seconds) + float(microseconds) / MICROSECONDS_PER_S
 
 
 def connect(url: str) -> redis.Redis:

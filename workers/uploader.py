@@ -41,6 +41,7 @@ from workers.object_store import ObjectStore
 from workers.output_pin import OutputPin
 from workers.parquet_io import completions_to_parquet, prompt_ids_in
 from workers.protocol import Scripts
+from workers.redis_client import redis_now_s
 from workers.settings import UploadSettings
 
 log = logging.getLogger(__name__)
@@ -106,8 +107,7 @@ class Uploader:
         if not oldest and not oldest_dead:
             return None
         staged_bytes = int(self.client.get(keys.staged_bytes) or 0)
-        seconds, micros = self.client.time()
-        age_s = seconds + micros / 1e6 - min(score for _member, score in [*oldest[:1], *oldest_dead[:1]])
+        age_s = redis_now_s(self.client) - min(score for _member, score in [*oldest[:1], *oldest_dead[:1]])
         due = (
             len(oldest) >= most
             or len(oldest_dead) >= most

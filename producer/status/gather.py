@@ -36,21 +36,16 @@ from workers.keys import RunKeys
 from workers.manifest import decode_entry
 from workers.quality_gate import read_gate
 from workers.queues import KOMBU_UNACKED_KEY, QUEUES
+from workers.redis_client import redis_now_s
 from workers.runs import RunSettings, decode_run_settings
 from workers.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
 
 GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
-MICROSECONDS_PER_S = 1e6
 UNACKED_SCAN_COUNT = 1000
 IN_FLIGHT_NOTE = (
     "in flight = delivered to a worker and not yet acknowledged (running, prefetched, or held for a "
     "retry countdown), all runs together; Flower's Broker tab shows only the waiting ones"
 )
-
-
-def redis_now_s(client: redis.Redis) -> float:
-    seconds, microseconds = client.time()
-    return float(seconds) + float(microseconds) / MICROSECONDS_PER_S
 
 
 def queue_depths(client: redis.Redis) -> list[QueueDepth]:

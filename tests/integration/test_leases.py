@@ -24,6 +24,7 @@ from workers.leases import Acquired, LeaseKeeper, decode_holder
 from workers.ledger import RunLedger
 from workers.queues import GENERATE_QUEUE, GENERATE_TASK
 from workers.reconciler import Reconciler, ReconcileSettings
+from workers.redis_client import redis_now_s
 from workers.runs import RunSettings
 from workers.settings import WorkerSettings
 
@@ -249,7 +250,27 @@ def test_a_message_a_worker_has_taken_but_not_leased_yet_keeps_its_batch_from_an
         assert reserved_generate_batches(client, RUN) == {taken}
         # When enqueue's own pass looks for batches no message carries
         dispatcher = RecordingDispatcher()
-        report = reconciler(client, dispatcher, grace_s=NO_TIME_S).reconcile_run(RUN)
+        report = reconciler(client, dispatcher, grace_s=NO_TIME_S).reconcile_run(
+            RUN, dispatched_before_s=redis_now_s(client)
+        )
         # Then neither is dispatched again: one is held by the worker, the other still queued
         assert report.stranded == 0 and dispatcher.generated == []
         queue.close()
+
+
+def test_an_enqueue_requeues_the_stranded_batches_of_earlier_enqueues_and_none_of_its_own(
+    redis_client: redis.Redis,
+) -> None:
+    # Given a batch an earlier enqueue stored whose message was lost, then this enqueue's batch,
+    # published but not yet seen in the queue (as when a worker pops it while the pass reads)
+    (earlier,) = enqueue_batches(redis_client, 1)
+    started_s = redis_now_s(redis_client)
+    (own,) = enqueue_batches(redis_client, 2)  # p0 is in the run already: one new batch, p1's
+    dispatcher = RecordingDispatcher()
+    # When this enqueue's pass looks for batches no message carries
+    report = reconciler(redis_client, dispatcher, grace_s=NO_TIME_S).reconcile_run(
+        RUN, dispatched_before_s=started_s
+    )
+    # Then only the earlier batch is dispatched again
+    assert (report.stranded, dispatcher.generated) == (1, [(RUN, earlier)])
+    assert own in {raw.decode() for raw in redis_client.zrange(RunKeys(RUN).open_batches, 0, -1)}
