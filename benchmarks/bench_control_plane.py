@@ -6,7 +6,8 @@ CPU over the run, and the command time `INFO commandstats` counts: enqueue, leas
 heartbeats, events, Celery's messages, everything) gives the completions/s one Redis core serves, and
 so the GPUs it serves at the seeds' rate of 0.8 completions/s per GPU. Redis memory left per prompt
 once the run is committed (the ids in `enqueued` and `done`) gives the ceiling in prompts on a
-64 GB Redis.
+64 GB Redis; the fingerprints of explicit ids are reported apart (their 65,536 hashes cost a fixed
+amount that only a big run spreads).
 
     .venv/bin/python benchmarks/bench_control_plane.py [--prompts 6000] [--workers 2]
 
@@ -29,11 +30,9 @@ from devstack.local_stack import free_port, start_celery_worker, start_redis, wa
 from devstack.runs import enqueue_run
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.publisher import BatchPublisher
-from workers.app import make_app
+from workers.keys import FINGERPRINT_BUCKETS, RunKeys
 from workers.ledger import RunLedger
 from workers.runs import RunSettings
-from workers.settings import WorkerSettings
 
 INSTANT_SPEEDUP = 100_000.0
 TINY_THINKING_TOKENS = 20.0
@@ -56,6 +55,12 @@ def command_time_us(client: redis.Redis) -> tuple[float, dict[str, float]]:
     per_command = {name.removeprefix("cmdstat_"): float(fields["usec"]) for name, fields in stats.items()}
     top = dict(sorted(per_command.items(), key=lambda item: -item[1])[:5])
     return sum(per_command.values()), top
+
+
+def fingerprints_memory(client: redis.Redis, run: str) -> int:
+    """Bytes of the run's fingerprint hashes: a fixed cost per bucket that a small run cannot spread."""
+    pattern = RunKeys(run).fingerprints(0).removesuffix("0") + "*"
+    return sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(match=pattern, count=1000))
 
 
 def main() -> int:
@@ -87,13 +92,11 @@ def main() -> int:
             settings = RunSettings(
                 run="cp", sampling=SamplingSettings(max_tokens=256), output_url=(logs / "out").as_uri()
             )
-            publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
             client.config_resetstat()
             cpu_before = redis_cpu_s(client)
             memory_before = int(client.info("memory")["used_memory"])
             enqueue_started = time.monotonic()
-            enqueue_run(client, publisher, settings, prompts)
-            publisher.close()
+            enqueue_run(client, redis_url, settings, prompts)
             enqueued = time.monotonic()
             ledger = RunLedger(client, "cp")
             wait_until(
@@ -103,6 +106,7 @@ def main() -> int:
             cpu_used_s = redis_cpu_s(client) - cpu_before
             command_us, top_commands = command_time_us(client)
             memory_left = int(client.info("memory")["used_memory"]) - memory_before
+            fingerprint_bytes = fingerprints_memory(client, "cp")
         finally:
             for worker in workers:
                 worker.stop()
@@ -119,12 +123,16 @@ def main() -> int:
     print(f"Redis CPU per completion  {cpu_us:.0f} us (user + system)")
     print(f"  in commands             {command_us / args.prompts:.0f} us; costliest: {costliest}")
     print(f"one Redis core serves     {per_core_cps:,.0f} completions/s = {gpus:,.0f} GPUs at 0.8/s each")
-    per_prompt = memory_left / args.prompts
+    per_prompt = (memory_left - fingerprint_bytes) / args.prompts
     print(
-        f"Redis memory per committed prompt {per_prompt:.0f} bytes: "
+        f"Redis memory per committed prompt {per_prompt:.0f} bytes, fingerprints apart: "
         f"1M prompts {per_prompt * MILLION / 2**20:,.0f} MiB, "
         f"10M {per_prompt * 10 * MILLION / 2**30:.1f} GiB, "
         f"64 GB hold {REDIS_MEMORY_BYTES / per_prompt / MILLION:,.0f}M"
+    )
+    print(
+        f"  + fingerprints of explicit ids {fingerprint_bytes / args.prompts:.0f} bytes each here "
+        f"({FINGERPRINT_BUCKETS:,} hashes, sparse at this size; at 1M ids they cost ~52: workers/keys.py)"
     )
     print(f"redis_us_per_completion={cpu_us:.0f} fleet_gpus_per_redis_core={gpus:.0f}")
     print(f"control_plane_cps={args.prompts / run_s:.0f}")

@@ -29,11 +29,9 @@ from devstack.runs import enqueue_run
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
-from producer.publisher import BatchPublisher
-from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
-from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
+from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
 
 GPUS = 2
 SLOTS = 48
@@ -110,9 +108,7 @@ def run_once(
         settings = RunSettings(
             run=name, sampling=SAMPLING, output_url=(logs / name).as_uri(), batch_size=batch
         )
-        publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
-        enqueue_run(client, publisher, settings, prompts)
-        publisher.close()
+        enqueue_run(client, redis_url, settings, prompts)
         ledger = RunLedger(client, name)
         wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{name} to finish")
     finally:

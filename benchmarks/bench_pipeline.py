@@ -36,11 +36,9 @@ from inference.client import build_request
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
-from producer.publisher import BatchPublisher
-from workers.app import make_app
 from workers.ledger import RunLedger
 from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
-from workers.settings import DEFAULT_BATCHES_IN_FLIGHT, WorkerSettings
+from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots
@@ -143,9 +141,7 @@ def pipeline_run(
         settings = RunSettings(
             run=run, sampling=SAMPLING, output_url=(logs / run).as_uri(), batch_size=batch_size
         )
-        publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
-        enqueue_run(client, publisher, settings, prompts)
-        publisher.close()
+        enqueue_run(client, redis_url, settings, prompts)
         ledger = RunLedger(client, run)
         wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{run} to finish")
     finally:

@@ -11,17 +11,24 @@ from inference.records import Prompt
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
+from workers.app import make_app
 from workers.runs import RunSettings
+from workers.settings import WorkerSettings
 from workers.storage import open_store
 
 BENCH_SOURCE = "bench"
 
 
 def enqueue_run(
-    client: redis.Redis, publisher: BatchPublisher, settings: RunSettings, prompts: Iterable[Prompt]
+    client: redis.Redis, redis_url: str, settings: RunSettings, prompts: Iterable[Prompt]
 ) -> RunSettings:
-    """Pin the settings, write the output's run.json (the uploader checks it before writing) and enqueue."""
+    """Pin the settings, write the output's run.json (the uploader checks it before writing) and enqueue,
+    publishing to the Redis at `redis_url` (the client's)."""
     pinned = pin_settings(client, settings)
     write_run_settings(open_store(pinned.output_url), pinned)
-    Enqueuer(client, pinned, publisher, source=BENCH_SOURCE).enqueue(prompts)
+    publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
+    try:
+        Enqueuer(client, pinned, publisher, source=BENCH_SOURCE).enqueue(prompts)
+    finally:
+        publisher.close()
     return pinned
