@@ -32,10 +32,19 @@ class SamplingSettings(Record, frozen=True):
     seed: int | None = None
 
 
-class Prompt(Record, frozen=True):
+def row_place(row: int, file: str) -> str:
+    """Where a row is, as an editor takes it: `row 12` of one file, `shard-3.jsonl:12` in a folder."""
+    return f"{file}:{row}" if file else f"row {row}"
+
+
+class Prompt(Record, frozen=True, omit_defaults=True):
     id: str
     messages: list[Message]
     row: int = 0  # 1-based row number in the source, for error messages
+    file: str = ""  # the file inside a folder or S3 prefix the row is in; empty for a one-file source
+
+    def place(self) -> str:
+        return row_place(self.row, self.file)
 
 
 class PromptBatch(Record, frozen=True):
@@ -105,9 +114,10 @@ class DeadLetterReason(enum.StrEnum):
     BATCH_FAILED = "batch_failed"  # its batch kept failing unexpectedly
 
 
-class DeadLetter(Record, frozen=True):
+class DeadLetter(Record, frozen=True, omit_defaults=True):
     prompt_id: str
     row: int
     reason: str  # a DeadLetterReason value (kept a plain string on the wire for older readers)
     error: str  # the server's or client's message
     attempts: int
+    file: str = ""  # the prompt's file in a folder or S3 prefix (Prompt.file)

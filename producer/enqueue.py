@@ -36,7 +36,7 @@ from types import FrameType
 import msgspec
 import redis
 
-from inference.records import Prompt, PromptBatch, Record
+from inference.records import Prompt, PromptBatch, Record, row_place
 from producer.errors import EnqueueBusy, SettingsError
 from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
 from producer.rows import RejectedRow
@@ -96,16 +96,22 @@ class Fingerprint:
     digest: str
     enqueue_number: int  # 1 for the run's first enqueue
     row: int
+    file: str = ""  # in a folder or S3 prefix: which file; empty for a one-file source (and costs nothing)
 
     def encode(self) -> str:
-        return FINGERPRINT_SEPARATOR.join((self.digest, str(self.enqueue_number), str(self.row)))
+        fields = [self.digest, str(self.enqueue_number), str(self.row)]
+        return FINGERPRINT_SEPARATOR.join([*fields, self.file] if self.file else fields)
 
     @classmethod
     def decode(cls, raw: bytes | None) -> Fingerprint | None:
-        parts = raw.decode().split(FINGERPRINT_SEPARATOR) if raw is not None else []
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        parts = raw.decode().split(FINGERPRINT_SEPARATOR, 3) if raw is not None else []  # a file may hold |
+        if len(parts) not in (3, 4) or not parts[1].isdigit() or not parts[2].isdigit():
             return None  # absent, or not ours: no conflict can be told
-        return cls(digest=parts[0], enqueue_number=int(parts[1]), row=int(parts[2]))
+        file = parts[3] if len(parts) == 4 else ""
+        return cls(digest=parts[0], enqueue_number=int(parts[1]), row=int(parts[2]), file=file)
+
+    def place(self) -> str:
+        return row_place(self.row, self.file)
 
 
 def fingerprint_bucket(prompt_id: str) -> int:
@@ -341,7 +347,9 @@ class Enqueuer:
         digest = content_digest(prompt)
         if digest is None:
             return None
-        return Fingerprint(digest=digest, enqueue_number=self.enqueue_number, row=prompt.row)
+        return Fingerprint(
+            digest=digest, enqueue_number=self.enqueue_number, row=prompt.row, file=prompt.file
+        )
 
     def _stored_fingerprints(self, prompt_ids: list[str]) -> dict[str, Fingerprint]:
         if not prompt_ids:
@@ -370,12 +378,13 @@ class Enqueuer:
 
     def _conflict(self, prompt: Prompt, earlier: Fingerprint) -> RejectedRow:
         if earlier.enqueue_number == self.enqueue_number:
-            where, kept = f"row {earlier.row} of this input", f"row {earlier.row}'s version"
+            where, kept = f"{earlier.place()} of this input", f"{earlier.place()}'s version"
         else:
-            where = f"row {earlier.row} of {self._note(earlier.enqueue_number)}"
+            where = f"{earlier.place()} of {self._note(earlier.enqueue_number)}"
             kept = "the version enqueued then"
         return RejectedRow(
             row=prompt.row,
+            file=prompt.file,
             reason=f"id {prompt.id!r} conflicts with {where}: same id, other content; kept {kept}, "
             "dropped this row",
         )

@@ -45,9 +45,9 @@ class ProducerRunFiles:
             try:
                 for item in items:
                     if isinstance(item, RejectedRow):
-                        print(f"--prompts: skipping row {item.row}: {item.reason}", file=sys.stderr)
+                        print(f"--prompts: skipping {item.describe()}", file=sys.stderr)
                         continue
-                    prompts.append(PreflightPrompt(f"row {item.row}", item.messages))
+                    prompts.append(PreflightPrompt(item.place(), item.messages))
                     if len(prompts) == count:
                         break
             except SourceError as error:

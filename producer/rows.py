@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from inference.records import Message, Prompt, Record
+from inference.records import Message, Prompt, Record, row_place
 from producer.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
@@ -75,8 +75,7 @@ class RejectedRow(Record, frozen=True, kw_only=True):
     file: str = ""
 
     def describe(self) -> str:
-        where = f"{self.file}:{self.row}" if self.file else f"row {self.row}"
-        return f"{where}: {self.reason}"
+        return f"{row_place(self.row, self.file)}: {self.reason}"
 
 
 class _Rejection(Exception):
@@ -94,7 +93,7 @@ def parse_row(raw: object, *, row: int, file: str = "") -> Prompt | RejectedRow:
             raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
         return RejectedRow(row=row, reason=str(rejection), file=file)
-    return Prompt(id=prompt_id, messages=messages, row=row)
+    return Prompt(id=prompt_id, messages=messages, row=row, file=file)
 
 
 def _normalised_messages(row: Mapping[str, object]) -> list[Message]:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
-from inference.records import DeadLetter, Record
+from inference.records import DeadLetter, Record, row_place
 from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
 from producer.rows import RejectedRow
@@ -34,7 +34,6 @@ DEFAULT_PAUSE_REASON = "paused by hand"
 LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
 LISTED_KINDS = ("rejected", "dead")
-
 
 
 def _redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
@@ -183,13 +182,11 @@ def describe_rejects(listing: RejectsListing, kinds: tuple[str, ...] = LISTED_KI
     ]
     if "rejected" in kinds and listing.rejected:
         lines.append("rejected at enqueue (input, file:row: reason):")
-        lines.extend(
-            f"  {r.source} {r.file + ':' if r.file else 'row '}{r.row}: {r.reason}" for r in listing.rejected
-        )
+        lines.extend(f"  {r.source} {row_place(r.row, r.file)}: {r.reason}" for r in listing.rejected)
     if "dead" in kinds and listing.dead:
         lines.append("dead-lettered (id, row: reason after attempts: the server's or client's message):")
         lines.extend(
-            f"  {d.prompt_id} (row {d.row}): {d.reason} after {d.attempts} "
+            f"  {d.prompt_id} ({row_place(d.row, d.file)}): {d.reason} after {d.attempts} "
             f"attempt{'' if d.attempts == 1 else 's'}: {d.error}"
             for d in listing.dead
         )

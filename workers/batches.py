@@ -209,7 +209,14 @@ def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -
         return 0
     batch = decode_blob(blob, PromptBatch)
     letters = [
-        DeadLetter(prompt_id=p.id, row=p.row, reason=DeadLetterReason.BATCH_FAILED, error=error, attempts=0)
+        DeadLetter(
+            prompt_id=p.id,
+            row=p.row,
+            file=p.file,
+            reason=DeadLetterReason.BATCH_FAILED,
+            error=error,
+            attempts=0,
+        )
         for p in ledger.pending(batch.prompts)
     ]
     count = sum(ledger.dead_letter(letter) for letter in letters)

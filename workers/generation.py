@@ -343,6 +343,7 @@ class GenerationEngine:
             letter = DeadLetter(
                 prompt_id=prompt.id,
                 row=prompt.row,
+                file=prompt.file,
                 reason=REASON_TRUNCATED,
                 error=f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
                 attempts=completion.attempt,
@@ -399,6 +400,7 @@ class GenerationEngine:
                 letter = DeadLetter(
                     prompt_id=prompt.id,
                     row=prompt.row,
+                    file=prompt.file,
                     reason=REASON_REJECTED,
                     error=str(error),
                     attempts=attempt,
@@ -430,6 +432,7 @@ class GenerationEngine:
         letter = DeadLetter(
             prompt_id=prompt.id,
             row=prompt.row,
+            file=prompt.file,
             reason=REASON_EXHAUSTED,
             error=str(last_error),
             attempts=self._retry.max_attempts,

@@ -91,6 +91,42 @@ def test_duplicate_ids_in_the_input_are_counted_and_enqueued_once(
     assert "conflicts with row 1 of this input" in report.conflicts[0].reason
 
 
+def test_a_conflict_in_a_folder_names_the_file_and_row_of_both_versions(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", rows(2))
+    write_jsonl(folder / "b.jsonl", [*rows(1, start=5), {"id": "q1", "prompt": "another question"}])
+    report = Enqueuer(
+        redis_client, pin_settings(redis_client, settings()), RecordingPublisher(), source=str(folder)
+    ).enqueue(iter_prompts(str(folder)))
+
+    (conflict,) = report.conflicts
+    assert (conflict.file, conflict.row) == ("b.jsonl", 2)
+    assert conflict.describe().startswith("b.jsonl:2: id 'q1' conflicts with a.jsonl:2 of this input")
+
+
+def test_a_conflict_with_an_earlier_enqueue_of_a_folder_names_the_file_it_came_from(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    pinned = pin_settings(redis_client, settings())
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", rows(3))
+    Enqueuer(redis_client, pinned, RecordingPublisher(), source=str(folder)).enqueue(
+        iter_prompts(str(folder))
+    )
+    changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}])
+
+    report = Enqueuer(redis_client, pinned, RecordingPublisher(), source=changed).enqueue(
+        iter_prompts(changed)
+    )
+
+    (conflict,) = report.conflicts
+    assert "conflicts with a.jsonl:3 of enqueue 1 (" in conflict.reason
+
+
 def test_bad_rows_are_reported_by_row_number_and_the_rest_enqueued(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+import msgspec
 import pytest
 
 from inference.records import Message, Prompt
+from producer.enqueue import Fingerprint
 from producer.prompt_ids import MAX_ID_CHARS, hashed_id
 from producer.rows import RejectedRow, parse_row
 
@@ -105,3 +107,20 @@ def test_non_ascii_content_is_hashed_as_utf8_not_as_json_escapes() -> None:
     text = "Qu'est-ce qu'un trou noir ? 黑洞"
     canonical = json.dumps([{"content": text, "role": "user"}], separators=(",", ":"), ensure_ascii=False)
     assert id_of({"prompt": text}) == "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def test_a_fingerprint_keeps_the_file_of_a_folder_row_even_one_whose_name_holds_the_separator() -> None:
+    fingerprint = Fingerprint(digest="0123456789abcdef", enqueue_number=2, row=7, file="x|y.jsonl")
+
+    assert Fingerprint.decode(fingerprint.encode().encode()) == fingerprint
+    assert fingerprint.place() == "x|y.jsonl:7"
+
+
+def test_a_fingerprint_written_before_files_were_kept_still_reads_with_its_row() -> None:
+    assert Fingerprint.decode(b"0123456789abcdef|1|12") == Fingerprint("0123456789abcdef", 1, 12)
+
+
+def test_a_prompt_of_a_one_file_source_travels_without_a_file_name() -> None:
+    prompt = parse_row({"id": "q0", "prompt": "hi"}, row=3)
+
+    assert b"file" not in msgspec.json.encode(prompt)

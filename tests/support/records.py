@@ -14,9 +14,12 @@ from inference.records import (
 )
 
 
-def prompt(prompt_id: str, text: str | None = None, row: int = 1) -> Prompt:
+def prompt(prompt_id: str, text: str | None = None, row: int = 1, file: str = "") -> Prompt:
     return Prompt(
-        id=prompt_id, messages=[Message(role="user", content=text or f"question {prompt_id}")], row=row
+        id=prompt_id,
+        messages=[Message(role="user", content=text or f"question {prompt_id}")],
+        row=row,
+        file=file,
     )
 
 

@@ -212,11 +212,12 @@ def test_a_rejected_prompt_is_dead_lettered_at_once_and_its_batch_completes(
     server.releaser("good").set()
     recorder = Recorder()
     outcome = engine.submit_batch(
-        "r", [prompt("bad", row=7), prompt("good")], SamplingSettings(), recorder
+        "r", [prompt("bad", row=7, file="shard-2.jsonl"), prompt("good")], SamplingSettings(), recorder
     ).outcome()
     assert (outcome.staged, outcome.dead_lettered) == (1, 1)
     (letter,) = recorder.dead
-    assert (letter.prompt_id, letter.row, letter.reason, letter.attempts) == ("bad", 7, REASON_REJECTED, 1)
+    assert (letter.prompt_id, letter.reason, letter.attempts) == ("bad", REASON_REJECTED, 1)
+    assert (letter.file, letter.row) == ("shard-2.jsonl", 7)  # where to find it in the input
     assert server.started.count("bad") == 1
 
 
