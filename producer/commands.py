@@ -104,6 +104,7 @@ def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
     print(f"committed           {report.committed} prompts in {report.parts} parts")
     print(f"newly marked done   {report.newly_marked_done}")
     print(f"enqueued ids        {report.enqueued}")
+    print(f"fingerprints        {report.fingerprints} (explicit ids: a changed row is told from a duplicate)")
     print(f"dead letters        {report.dead_letters}")
     print(f"rejected rows       {report.rejected_rows}")
     print("Re-run `enqueue` with the run's data: it queues only what was never committed.")

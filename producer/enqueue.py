@@ -10,7 +10,8 @@ prompt is never placed in two batches by two enqueues racing.
 
 An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
 first version is kept, and the later row is rejected naming the row (or the earlier enqueue) that
-holds the kept one. Explicit ids keep a short content digest in Redis for that (`fingerprints:<bucket>`).
+holds the kept one. Explicit ids keep a short content digest for that, in Redis and beside the chunk's
+ids in the output (producer/fingerprints.py).
 
 Ctrl-C stops at a chunk boundary: a chunk's store-and-claim step runs with SIGINT held back, and the
 chunks already stored finish publishing, so the run holds whole batches only and the report counts
@@ -25,7 +26,6 @@ import signal
 import threading
 import time
 import uuid
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,13 +36,20 @@ from types import FrameType
 import msgspec
 import redis
 
-from inference.records import Prompt, PromptBatch, Record, row_place
+from inference.records import Prompt, PromptBatch, Record
 from producer.errors import EnqueueBusy, SettingsError
-from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
+from producer.fingerprints import (
+    ChunkFingerprints,
+    EnqueueNote,
+    Fingerprint,
+    content_digest,
+    fingerprint_bucket,
+    sidecar_key,
+)
 from producer.rows import RejectedRow
 from workers.codec import encode_blob
 from workers.jsonl_io import to_jsonl
-from workers.keys import FINGERPRINT_BUCKETS, RUNS_KEY, RunKeys
+from workers.keys import RUNS_KEY, RunKeys
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.object_store import ObjectStore
 from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, ORPHANED, Scripts
@@ -57,8 +64,6 @@ ENQUEUE_LEASE_S = 60  # renewed per chunk; a crashed enqueue blocks the next one
 MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
-FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart
-FINGERPRINT_SEPARATOR = "|"
 HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
 
 
@@ -87,55 +92,6 @@ class EnqueueReport:
     batches: int = 0
     republished_batches: int = 0
     interrupted: bool = False  # Ctrl-C: the counts are exactly what was enqueued before it
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """Which content an id was enqueued with, and where: kept for explicit ids only."""
-
-    digest: str
-    enqueue_number: int  # 1 for the run's first enqueue
-    row: int
-    file: str = ""  # in a folder or S3 prefix: which file; empty for a one-file source (and costs nothing)
-
-    def encode(self) -> str:
-        fields = [self.digest, str(self.enqueue_number), str(self.row)]
-        return FINGERPRINT_SEPARATOR.join([*fields, self.file] if self.file else fields)
-
-    @classmethod
-    def decode(cls, raw: bytes | None) -> Fingerprint | None:
-        parts = raw.decode().split(FINGERPRINT_SEPARATOR, 3) if raw is not None else []  # a file may hold |
-        if len(parts) not in (3, 4) or not parts[1].isdigit() or not parts[2].isdigit():
-            return None  # absent, or not ours: no conflict can be told
-        file = parts[3] if len(parts) == 4 else ""
-        return cls(digest=parts[0], enqueue_number=int(parts[1]), row=int(parts[2]), file=file)
-
-    def place(self) -> str:
-        return row_place(self.row, self.file)
-
-
-def fingerprint_bucket(prompt_id: str) -> int:
-    """Which of the run's fingerprint hashes holds this id (stable across processes and versions)."""
-    return zlib.crc32(prompt_id.encode()) % FINGERPRINT_BUCKETS
-
-
-def content_digest(prompt: Prompt) -> str | None:
-    """A short digest of the prompt's messages; None for a hashed id, which is its content's digest."""
-    full = hashed_id(prompt.messages)
-    if prompt.id == full:
-        return None
-    return full.removeprefix(HASHED_ID_PREFIX)[:FINGERPRINT_HEX_CHARS]
-
-
-class EnqueueNote(Record, frozen=True):
-    """One `enqueue` of the run, named in conflicts with its rows: what it read, and when (unix s)."""
-
-    source: str
-    at: float
-
-    def describe(self, number: int) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
-        return f"enqueue {number} ({self.source} at {when})"
 
 
 @contextlib.contextmanager
@@ -228,6 +184,7 @@ class Enqueuer:
         self._scripts = Scripts.register(client)
         self._requeue_orphans = False
         self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
+        self._own_note = EnqueueNote(source=source, at=0.0)
         self._notes: dict[int, str] = {}
 
     def _hold_lease(self) -> None:
@@ -254,8 +211,10 @@ class Enqueuer:
             # such prompt is in one of them.
             self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
             report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
-            note = EnqueueNote(source=self.source, at=time.time())
-            self.enqueue_number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(note)))
+            self._own_note = EnqueueNote(source=self.source, at=time.time())
+            self.enqueue_number = int(
+                self.client.rpush(self.keys.enqueues, msgspec.json.encode(self._own_note))
+            )
             self._enqueue_chunks(items, report)
         except KeyboardInterrupt:
             report.interrupted = True
@@ -299,9 +258,16 @@ class Enqueuer:
             for start in range(0, len(new), size)
         ]
         ids = msgspec.json.encode([p.id for p in new])
+        fingerprints = self._fingerprints_of(new)
         if self.store is not None:  # before Redis: the output never lacks an id the run holds
-            self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), ids)
-        self._remember_fingerprints(new)
+            ids_key = content_key(ENQUEUED_PREFIX, ids, ".json")
+            if fingerprints:
+                sidecar = ChunkFingerprints(
+                    enqueue_number=self.enqueue_number, note=self._own_note, fingerprints=fingerprints
+                )
+                self.store.put(sidecar_key(ids_key), msgspec.json.encode(sidecar))
+            self.store.put(ids_key, ids)
+        self._remember_fingerprints(fingerprints)
         keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
         args: list[str | bytes | int] = [ids, SESSION_TTL_S]
         for batch in batches:
@@ -361,14 +327,17 @@ class Enqueuer:
         found = {pid: Fingerprint.decode(raw) for pid, raw in zip(prompt_ids, raws, strict=True)}
         return {pid: fingerprint for pid, fingerprint in found.items() if fingerprint is not None}
 
-    def _remember_fingerprints(self, prompts: list[Prompt]) -> None:
+    def _fingerprints_of(self, prompts: list[Prompt]) -> dict[str, str]:
+        """The encoded fingerprint of each explicit id among the prompts."""
+        found = ((prompt.id, self._fingerprint(prompt)) for prompt in prompts)
+        return {prompt_id: fingerprint.encode() for prompt_id, fingerprint in found if fingerprint}
+
+    def _remember_fingerprints(self, fingerprints: dict[str, str]) -> None:
         """Before the claim: every claimed explicit id has its fingerprint (a crash between leaves only
         fingerprints of unclaimed ids, overwritten when they are claimed)."""
         buckets: dict[int, dict[str, str]] = {}
-        for prompt in prompts:
-            fingerprint = self._fingerprint(prompt)
-            if fingerprint is not None:
-                buckets.setdefault(fingerprint_bucket(prompt.id), {})[prompt.id] = fingerprint.encode()
+        for prompt_id, encoded in fingerprints.items():
+            buckets.setdefault(fingerprint_bucket(prompt_id), {})[prompt_id] = encoded
         if not buckets:
             return
         with self.client.pipeline(transaction=False) as pipe:

@@ -16,6 +16,7 @@ import msgspec
 
 from inference.records import DeadLetter
 from producer.enqueue import StoredRejection
+from producer.fingerprints import SIDECAR_SUFFIX, ChunkFingerprints
 from workers.errors import ObjectMissing
 from workers.jsonl_io import from_jsonl
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
@@ -66,8 +67,18 @@ def read_enqueued_ids(store: ObjectStore) -> set[str]:
     """Every id any enqueue of the run claimed (objects may overlap after a crash: a set absorbs that)."""
     ids: set[str] = set()
     for info in store.list(ENQUEUED_PREFIX):
-        ids.update(msgspec.json.decode(store.get(info.key), type=list[str]))
+        if not info.key.endswith(SIDECAR_SUFFIX):
+            ids.update(msgspec.json.decode(store.get(info.key), type=list[str]))
     return ids
+
+
+def read_chunk_fingerprints(store: ObjectStore) -> list[ChunkFingerprints]:
+    """The fingerprints kept beside each chunk's ids (none for a run enqueued before they were kept)."""
+    return [
+        msgspec.json.decode(store.get(info.key), type=ChunkFingerprints)
+        for info in store.list(ENQUEUED_PREFIX)
+        if info.key.endswith(SIDECAR_SUFFIX)
+    ]
 
 
 def read_rejections(store: ObjectStore) -> list[StoredRejection]:

@@ -2,8 +2,9 @@
 
 The object store holds the run's settings (`run.json`, written at every enqueue), its manifest (parts
 of completions and dead letters), the ids each enqueue claimed and the rows it rejected. From them this
-restores the pinned settings, the `done` and `enqueued` sets, the dead letters, the rejected rows, the
-Redis copy of the manifest and the next part number. Re-running `enqueue` with the same data then
+restores the pinned settings, the `done` and `enqueued` sets, the fingerprints of explicit ids with
+the enqueues' notes, the dead letters, the rejected rows, the Redis copy of the manifest and the next
+part number. Re-running `enqueue` with the same data then
 queues only what was never committed; a generate worker skips any prompt already in `done`.
 """
 
@@ -17,7 +18,13 @@ import redis
 from inference.records import DeadLetter
 from producer.enqueue import rejection_key
 from producer.errors import RunNotFound, SettingsError
-from producer.output_record import read_committed, read_enqueued_ids, read_rejections
+from producer.fingerprints import EnqueueNote, Fingerprint, fingerprint_bucket
+from producer.output_record import (
+    read_chunk_fingerprints,
+    read_committed,
+    read_enqueued_ids,
+    read_rejections,
+)
 from workers.errors import ObjectMissing
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger
@@ -35,6 +42,7 @@ class RecoverReport:
     newly_marked_done: int = 0
     settings_restored: bool = False
     enqueued: int = 0
+    fingerprints: int = 0
     dead_letters: int = 0
     rejected_rows: int = 0
 
@@ -90,6 +98,32 @@ def _restore_records(
     report.rejected_rows = len(rejections)
 
 
+def _restore_fingerprints(client: redis.Redis, keys: RunKeys, store: ObjectStore) -> int:
+    """Each explicit id's fingerprint from its latest enqueue, unless Redis holds one (then as recent),
+    and the enqueues' notes when Redis holds none: conflicts are told and named as before the loss."""
+    latest: dict[str, tuple[int, str]] = {}
+    notes: dict[int, EnqueueNote] = {}
+    for chunk in read_chunk_fingerprints(store):
+        notes[chunk.enqueue_number] = chunk.note
+        for prompt_id, encoded in chunk.fingerprints.items():
+            if Fingerprint.decode(encoded.encode()) is not None:
+                latest[prompt_id] = max(latest.get(prompt_id, (0, "")), (chunk.enqueue_number, encoded))
+    restored = 0
+    items = sorted(latest.items())
+    for start in range(0, len(items), IDS_PER_COMMAND):
+        with client.pipeline(transaction=False) as pipe:
+            for prompt_id, (_number, encoded) in items[start : start + IDS_PER_COMMAND]:
+                pipe.hsetnx(keys.fingerprints(fingerprint_bucket(prompt_id)), prompt_id, encoded)
+            restored += sum(pipe.execute())
+    if notes and not client.exists(keys.enqueues):
+        unknown = EnqueueNote(source="", at=0.0)  # an enqueue that claimed nothing new left no note
+        client.rpush(
+            keys.enqueues,
+            *(msgspec.json.encode(notes.get(n, unknown)) for n in range(1, max(notes) + 1)),
+        )
+    return restored
+
+
 def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverReport:
     report = RecoverReport()
     stored = read_run_settings(store)
@@ -118,6 +152,7 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
     report.committed = len(ids)
     report.parts = len(entries)
     _restore_records(client, keys, store, committed.dead, report)
+    report.fingerprints = _restore_fingerprints(client, keys, store)
     if entries:
         with client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.manifest)

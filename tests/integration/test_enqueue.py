@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 import redis
 
@@ -14,10 +15,17 @@ from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy, SettingsError
+from producer.output_record import read_enqueued_ids
 from producer.reading import iter_prompts
+from producer.recover import recover_run, write_run_settings
+from tests.support.records import completion
 from workers.codec import decode_blob
 from workers.keys import RunKeys
+from workers.ledger import RunLedger
 from workers.runs import RunSettings
+from workers.settings import UploadSettings
+from workers.storage import open_store
+from workers.uploader import Uploader
 
 pytestmark = pytest.mark.integration
 RUN = "enqueue-test"
@@ -222,3 +230,35 @@ def test_two_enqueues_of_one_run_at_the_same_moment_never_place_a_prompt_in_two_
     # And every prompt is in exactly one batch
     assert second.published == []
     assert sorted(prompts_in_batches(redis_client, first.published)) == sorted(f"q{i}" for i in range(40))
+
+
+def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_named_as_before(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a run enqueued from a folder into an output and committed, then Redis lost
+    store = open_store((tmp_path / "out").as_uri())
+    pinned = pin_settings(redis_client, msgspec.structs.replace(settings(), output_url=store.url))
+    write_run_settings(store, pinned)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", rows(3))
+    Enqueuer(redis_client, pinned, RecordingPublisher(), source=str(folder), store=store).enqueue(
+        iter_prompts(str(folder))
+    )
+    ledger = RunLedger(redis_client, RUN)
+    for prompt_id in ("q0", "q1", "q2"):
+        ledger.stage(completion(prompt_id))
+    Uploader(redis_client, UploadSettings(max_age_s=0), lambda _run: store).flush(RUN)
+    redis_client.flushall()
+    # When it is recovered from its output, and a changed row of a committed prompt enqueued
+    recovered = recover_run(redis_client, store, RUN)
+    changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}, *rows(1, start=3)])
+    report = Enqueuer(redis_client, pinned, RecordingPublisher(), source=changed, store=store).enqueue(
+        iter_prompts(changed)
+    )
+    # Then the changed row is refused, naming where the kept version came from; the new one is enqueued
+    assert recovered.fingerprints == 3
+    (conflict,) = report.conflicts
+    assert f"conflicts with a.jsonl:3 of enqueue 1 ({folder} at " in conflict.reason
+    assert report.new == 1
+    assert read_enqueued_ids(store) == {"q0", "q1", "q2", "q3"}
