@@ -25,7 +25,7 @@ from producer.progress_lines import ProgressLines
 from producer.reading import iter_prompts
 from producer.recover import check_output_belongs_to, write_run_settings
 from producer.rows import RejectedRow
-from producer.run_config import read_toml, resolve_run_settings
+from producer.run_config import check_stated_values, read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.keys import check_run_name
 from workers.object_store import ObjectStore
@@ -82,14 +82,18 @@ def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _validated_run(
-    args: argparse.Namespace, settings: ProducerSettings, client: redis.Redis, run: str
+    args: argparse.Namespace,
+    settings: ProducerSettings,
+    client: redis.Redis,
+    run: str,
+    file_values: dict[str, Any],
 ) -> RunSettings:
     """The run's settings, every value checked, and refused when they differ from the pinned ones."""
     pinned = pinned_settings(client, run)
     given = resolve_run_settings(
         run,
         pinned=pinned,
-        file_values=read_toml(args.config) if args.config else {},
+        file_values=file_values,
         option_values=_enqueue_options(args),
         default_output=settings.default_output,
         file_label=str(args.config),
@@ -119,8 +123,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     worker_settings = dataclasses.replace(
         WorkerSettings.from_env(), redis_url=chosen_redis_url(args, settings)
     )
+    file_values = read_toml(args.config) if args.config else {}
+    check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
     client = connect_redis(args, settings)
-    given = _validated_run(args, settings, client, run)
+    given = _validated_run(args, settings, client, run, file_values)
     rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data))
     items = _with_first_row(rows, args.data)  # a missing or empty input fails here
     store = checked_output_store(given.output_url)

@@ -78,6 +78,20 @@ def option_flag(key: str) -> str:
     return OPTION_FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
+def check_stated_values(
+    file_values: Mapping[str, Any], option_values: Mapping[str, Any], file_label: str = "the settings file"
+) -> None:
+    """Each value the user stated, on its own: what no pinned run can make right (a NaN, a rate above 1,
+    an output URL of no kind), refused before Redis or the output is even asked."""
+    stated, origins = _stated(file_values, option_values, file_label)
+    _check_values({key: value for key, value in stated.items() if key != "output_url"}, origins, False)
+    if "output_url" in stated:
+        try:
+            normalise_output_url(str(stated["output_url"]))
+        except UnsupportedStoreUrl as error:
+            raise OutputError(f"{origins['output_url']}: {error}") from error
+
+
 def resolve_run_settings(
     run: str,
     *,
@@ -102,19 +116,14 @@ def resolve_run_settings(
             "gate": msgspec.to_builtins(QualityGate()),
         }
     )
-    origins: dict[str, str] = {}  # key -> where its value came from, for messages
-    layers = ((file_values, lambda key: f"{file_label}: {key} ="), (option_values, option_flag))
-    for layer, label in layers:
-        for key, value in layer.items():
-            if value is None:
-                continue
-            origins[key] = label(key)
-            if key in SAMPLING_FIELDS:
-                base["sampling"][key] = value
-            elif key in GATE_FIELDS:
-                base.setdefault("gate", msgspec.to_builtins(QualityGate()))[GATE_FIELDS[key]] = value
-            else:
-                base[key] = value
+    stated, origins = _stated(file_values, option_values, file_label)
+    for key, value in stated.items():
+        if key in SAMPLING_FIELDS:
+            base["sampling"][key] = value
+        elif key in GATE_FIELDS:
+            base.setdefault("gate", msgspec.to_builtins(QualityGate()))[GATE_FIELDS[key]] = value
+        else:
+            base[key] = value
     _check_values(_flat_values(base), origins, pinned is not None)
     try:
         base["output_url"] = normalise_output_url(str(base["output_url"]))
@@ -126,6 +135,20 @@ def resolve_run_settings(
         raise SettingsError(f"invalid run settings: {error}") from error
     _check_retry_cap(settings, origins)
     return settings
+
+
+def _stated(
+    file_values: Mapping[str, Any], option_values: Mapping[str, Any], file_label: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The values the user stated (options over the file), and where each came from, for messages."""
+    stated: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    layers = ((file_values, lambda key: f"{file_label}: {key} ="), (option_values, option_flag))
+    for layer, label in layers:
+        for key, value in layer.items():
+            if value is not None:
+                stated[key], origins[key] = value, label(key)
+    return stated, origins
 
 
 def _flat_values(base: Mapping[str, Any]) -> dict[str, Any]:

@@ -99,6 +99,17 @@ REDIS_UNREACHABLE = [
     )
 ]
 
+REDIS_UNREACHABLE.append(
+    Case(  # what no pinned run can make right is said first: fixing Redis would not help
+        "redis-closed-and-a-nan-option",
+        enqueue_with("--temperature", "nan"),
+        EXIT_USAGE,
+        ("--temperature nan", "finite"),
+        nothing_pinned(),
+        redis="closed",
+    )
+)
+
 OUTPUTS = [
     refused("output-empty", ("--output", ""), "--output", "the output is empty"),
     refused("output-blank", ("--output", "   "), "--output", "the output is empty"),
