@@ -39,12 +39,11 @@ import redis
 from inference.records import Prompt, PromptBatch, Record
 from producer.errors import EnqueueBusy, SettingsError
 from producer.fingerprints import (
-    ChunkFingerprints,
+    EnqueuedChunk,
     EnqueueNote,
     Fingerprint,
     content_digest,
     fingerprint_bucket,
-    sidecar_key,
 )
 from producer.rows import RejectedRow
 from workers.codec import encode_blob
@@ -260,13 +259,13 @@ class Enqueuer:
         ids = msgspec.json.encode([p.id for p in new])
         fingerprints = self._fingerprints_of(new)
         if self.store is not None:  # before Redis: the output never lacks an id the run holds
-            ids_key = content_key(ENQUEUED_PREFIX, ids, ".json")
-            if fingerprints:
-                sidecar = ChunkFingerprints(
-                    enqueue_number=self.enqueue_number, note=self._own_note, fingerprints=fingerprints
-                )
-                self.store.put(sidecar_key(ids_key), msgspec.json.encode(sidecar))
-            self.store.put(ids_key, ids)
+            record = EnqueuedChunk(
+                ids=[p.id for p in new],
+                enqueue_number=self.enqueue_number,
+                note=self._own_note,
+                fingerprints=fingerprints,
+            )
+            self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), msgspec.json.encode(record))
         self._remember_fingerprints(fingerprints)
         keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
         args: list[str | bytes | int] = [ids, SESSION_TTL_S]

@@ -2,8 +2,8 @@
 duplicate, and named.
 
 Redis keeps them for `enqueue` (the run's `fingerprints:<bucket>` hashes and its `enqueues` list of
-notes); the output keeps them too, beside each chunk's ids (`enqueued/<key>.fingerprints.json`), so
-that `recover` rebuilds them after Redis is lost.
+notes); the output keeps them too, in the object of each chunk's ids (`enqueued/<key>.json`), so that
+`recover` rebuilds them after Redis is lost.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import time
 import zlib
 from dataclasses import dataclass
 
+import msgspec
+
 from inference.records import Prompt, Record, row_place
 from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
 from workers.keys import FINGERPRINT_BUCKETS
 
 FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart
 FINGERPRINT_SEPARATOR = "|"
-SIDECAR_SUFFIX = ".fingerprints.json"
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,19 @@ class EnqueueNote(Record, frozen=True):
         return f"enqueue {number} ({self.source} at {when})"
 
 
-class ChunkFingerprints(Record, frozen=True):
-    """What the output keeps beside one chunk's ids: the enqueue that claimed them, and the
-    fingerprint of each explicit id among them."""
+class EnqueuedChunk(Record, frozen=True):
+    """The object `enqueued/<key>.json` of one chunk: its new ids, the enqueue that claimed them, and
+    the fingerprint of each explicit id among them. (Outputs written before fingerprints were kept
+    hold the ids as a bare JSON list; `decode_enqueued` reads both.)"""
 
+    ids: list[str]
     enqueue_number: int
     note: EnqueueNote
     fingerprints: dict[str, str]  # id -> Fingerprint.encode()
 
 
-def sidecar_key(ids_key: str) -> str:
-    """`enqueued/<key>.json` holds a chunk's ids; `enqueued/<key>.fingerprints.json` its fingerprints."""
-    return ids_key.removesuffix(".json") + SIDECAR_SUFFIX
+def decode_enqueued(data: bytes) -> EnqueuedChunk:
+    found = msgspec.json.decode(data, type=EnqueuedChunk | list[str])
+    if isinstance(found, EnqueuedChunk):
+        return found
+    return EnqueuedChunk(ids=found, enqueue_number=0, note=EnqueueNote(source="", at=0.0), fingerprints={})

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-
-import msgspec
 
 from inference.records import DeadLetter
 from producer.enqueue import StoredRejection
-from producer.fingerprints import SIDECAR_SUFFIX, ChunkFingerprints
+from producer.fingerprints import EnqueuedChunk, decode_enqueued
 from workers.errors import ObjectMissing
 from workers.jsonl_io import from_jsonl
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
@@ -66,19 +64,15 @@ def read_committed(store: ObjectStore, on_entry: Callable[[int, int], None] | No
 def read_enqueued_ids(store: ObjectStore) -> set[str]:
     """Every id any enqueue of the run claimed (objects may overlap after a crash: a set absorbs that)."""
     ids: set[str] = set()
-    for info in store.list(ENQUEUED_PREFIX):
-        if not info.key.endswith(SIDECAR_SUFFIX):
-            ids.update(msgspec.json.decode(store.get(info.key), type=list[str]))
+    for chunk in read_enqueued_chunks(store):
+        ids.update(chunk.ids)
     return ids
 
 
-def read_chunk_fingerprints(store: ObjectStore) -> list[ChunkFingerprints]:
-    """The fingerprints kept beside each chunk's ids (none for a run enqueued before they were kept)."""
-    return [
-        msgspec.json.decode(store.get(info.key), type=ChunkFingerprints)
-        for info in store.list(ENQUEUED_PREFIX)
-        if info.key.endswith(SIDECAR_SUFFIX)
-    ]
+def read_enqueued_chunks(store: ObjectStore) -> Iterator[EnqueuedChunk]:
+    """Each chunk's ids with the fingerprints of its explicit ones (none in outputs written before)."""
+    for info in store.list(ENQUEUED_PREFIX):
+        yield decode_enqueued(store.get(info.key))
 
 
 def read_rejections(store: ObjectStore) -> list[StoredRejection]:

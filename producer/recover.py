@@ -20,8 +20,8 @@ from producer.enqueue import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.fingerprints import EnqueueNote, Fingerprint, fingerprint_bucket
 from producer.output_record import (
-    read_chunk_fingerprints,
     read_committed,
+    read_enqueued_chunks,
     read_enqueued_ids,
     read_rejections,
 )
@@ -103,8 +103,9 @@ def _restore_fingerprints(client: redis.Redis, keys: RunKeys, store: ObjectStore
     and the enqueues' notes when Redis holds none: conflicts are told and named as before the loss."""
     latest: dict[str, tuple[int, str]] = {}
     notes: dict[int, EnqueueNote] = {}
-    for chunk in read_chunk_fingerprints(store):
-        notes[chunk.enqueue_number] = chunk.note
+    for chunk in read_enqueued_chunks(store):
+        if chunk.enqueue_number:  # 0: written before the notes were kept
+            notes[chunk.enqueue_number] = chunk.note
         for prompt_id, encoded in chunk.fingerprints.items():
             if Fingerprint.decode(encoded.encode()) is not None:
                 latest[prompt_id] = max(latest.get(prompt_id, (0, "")), (chunk.enqueue_number, encoded))

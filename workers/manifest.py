@@ -8,7 +8,7 @@ other object under `data/` or `dead/` is an orphan of an interrupted flush, remo
 
 Beside them, written by the uploader before the entry that needs it: `servers/<id>.json`, the facts
 of each server the part's rows name (see inference/server_facts.py). Written by `enqueue`:
-`run.json` (the pinned settings), `enqueued/` (the ids each enqueue step claimed, and beside them the
+`run.json` (the pinned settings), `enqueued/` (the ids each enqueue step claimed, with the
 fingerprints of the explicit ones) and `rejected/` (the rows it refused). Their keys derive from their
 content, so a re-run writes the same objects again: each is complete the moment it exists, and needs
 no entry.

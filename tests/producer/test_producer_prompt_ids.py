@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from inference.records import Message, Prompt
-from producer.enqueue import Fingerprint
+from producer.fingerprints import Fingerprint, decode_enqueued
 from producer.prompt_ids import MAX_ID_CHARS, hashed_id
 from producer.rows import RejectedRow, parse_row
 
@@ -124,3 +124,9 @@ def test_a_prompt_of_a_one_file_source_travels_without_a_file_name() -> None:
     prompt = parse_row({"id": "q0", "prompt": "hi"}, row=3)
 
     assert b"file" not in msgspec.json.encode(prompt)
+
+
+def test_an_enqueued_object_written_before_fingerprints_were_kept_still_reads_as_its_ids() -> None:
+    chunk = decode_enqueued(b'["q0", "q1"]')
+
+    assert (chunk.ids, chunk.fingerprints) == (["q0", "q1"], {})
