@@ -22,7 +22,6 @@ from producer.fingerprints import EnqueueNote, Fingerprint, fingerprint_bucket
 from producer.output_record import (
     read_committed,
     read_enqueued_chunks,
-    read_enqueued_ids,
     read_rejections,
 )
 from workers.errors import ObjectMissing
@@ -76,11 +75,7 @@ def read_run_settings(store: ObjectStore) -> RunSettings:
 def _restore_records(
     client: redis.Redis, keys: RunKeys, store: ObjectStore, dead: dict[str, DeadLetter], report: RecoverReport
 ) -> None:
-    """The enqueued ids, committed dead letters and rejected rows the output holds, back into Redis."""
-    enqueued = sorted(read_enqueued_ids(store))
-    for start in range(0, len(enqueued), IDS_PER_COMMAND):
-        client.sadd(keys.enqueued, *enqueued[start : start + IDS_PER_COMMAND])
-    report.enqueued = len(enqueued)
+    """The committed dead letters and rejected rows the output holds, back into Redis."""
     letters = list(dead.values())
     for start in range(0, len(letters), IDS_PER_COMMAND):
         with client.pipeline(transaction=False) as pipe:
@@ -98,17 +93,29 @@ def _restore_records(
     report.rejected_rows = len(rejections)
 
 
-def _restore_fingerprints(client: redis.Redis, keys: RunKeys, store: ObjectStore) -> int:
-    """Each explicit id's fingerprint from its latest enqueue, unless Redis holds one (then as recent),
-    and the enqueues' notes when Redis holds none: conflicts are told and named as before the loss."""
+def _restore_enqueued(client: redis.Redis, keys: RunKeys, store: ObjectStore, report: RecoverReport) -> None:
+    """Every id an enqueue claimed; each explicit id's fingerprint from its latest enqueue, unless Redis
+    holds one (then as recent); the enqueues' notes when Redis holds none. Conflicts are then told and
+    named as before the loss."""
+    ids: set[str] = set()
     latest: dict[str, tuple[int, str]] = {}
     notes: dict[int, EnqueueNote] = {}
-    for chunk in read_enqueued_chunks(store):
+    for chunk in read_enqueued_chunks(store):  # each object read once
+        ids.update(chunk.ids)
         if chunk.enqueue_number:  # 0: written before the notes were kept
             notes[chunk.enqueue_number] = chunk.note
         for prompt_id, encoded in chunk.fingerprints.items():
             if Fingerprint.decode(encoded.encode()) is not None:
                 latest[prompt_id] = max(latest.get(prompt_id, (0, "")), (chunk.enqueue_number, encoded))
+    enqueued = sorted(ids)
+    for start in range(0, len(enqueued), IDS_PER_COMMAND):
+        client.sadd(keys.enqueued, *enqueued[start : start + IDS_PER_COMMAND])
+    report.enqueued = len(enqueued)
+    report.fingerprints = _restore_fingerprints(client, keys, latest)
+    _restore_notes(client, keys, notes)
+
+
+def _restore_fingerprints(client: redis.Redis, keys: RunKeys, latest: dict[str, tuple[int, str]]) -> int:
     restored = 0
     items = sorted(latest.items())
     for start in range(0, len(items), IDS_PER_COMMAND):
@@ -116,13 +123,16 @@ def _restore_fingerprints(client: redis.Redis, keys: RunKeys, store: ObjectStore
             for prompt_id, (_number, encoded) in items[start : start + IDS_PER_COMMAND]:
                 pipe.hsetnx(keys.fingerprints(fingerprint_bucket(prompt_id)), prompt_id, encoded)
             restored += sum(pipe.execute())
+    return restored
+
+
+def _restore_notes(client: redis.Redis, keys: RunKeys, notes: dict[int, EnqueueNote]) -> None:
     if notes and not client.exists(keys.enqueues):
         unknown = EnqueueNote(source="", at=0.0)  # an enqueue that claimed nothing new left no note
         client.rpush(
             keys.enqueues,
             *(msgspec.json.encode(notes.get(n, unknown)) for n in range(1, max(notes) + 1)),
         )
-    return restored
 
 
 def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverReport:
@@ -152,8 +162,8 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
         report.newly_marked_done += ledger.mark_committed(ids[start : start + IDS_PER_COMMAND])
     report.committed = len(ids)
     report.parts = len(entries)
+    _restore_enqueued(client, keys, store, report)
     _restore_records(client, keys, store, committed.dead, report)
-    report.fingerprints = _restore_fingerprints(client, keys, store)
     if entries:
         with client.pipeline(transaction=True) as pipe:
             pipe.delete(keys.manifest)
