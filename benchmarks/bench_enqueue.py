@@ -1,7 +1,8 @@
 """Enqueue throughput and footprint: 1M prompts, streamed, into a fresh redis-server.
 
 Reports wall time, the producer's peak memory at 100k and at the full count (flat means streamed),
-and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed).
+and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed), with
+where it goes: the batches, the run's ids, the fingerprints of explicit ids, the queue's messages.
 
     .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts]
 
@@ -30,11 +31,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import PROJECT_ROOT, free_port, start_redis
+from workers.keys import RunKeys
+from workers.queues import GENERATE_QUEUE
 
 ONE_MILLION = 1_000_000
 TEN_MILLION = 10 * ONE_MILLION
 REDIS_MEMORY_BYTES = 64 * 2**30
 SMALL_ROWS = 100_000
+SCAN_COUNT = 1000
 WORDS = (
     "explain",
     "why",
@@ -104,6 +108,23 @@ def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
     return elapsed, int(match.group(1)) if match else 0
 
 
+def memory_by_kind(client: redis.Redis, run: str) -> dict[str, int]:
+    """Where a queued run's Redis bytes are: MEMORY USAGE of every key, by what the key holds."""
+    keys = RunKeys(run)
+    kinds = {
+        keys.batch(""): "batches (compressed prompts)",
+        keys.fingerprints(0).removesuffix("0"): "fingerprints of explicit ids",
+        keys.enqueued: "the run's ids (enqueued set)",
+        GENERATE_QUEUE: "messages in the queue",
+    }
+    found: dict[str, int] = {}
+    for raw in client.scan_iter(count=SCAN_COUNT):
+        key = raw.decode()
+        kind = next((name for prefix, name in kinds.items() if key.startswith(prefix)), "everything else")
+        found[kind] = found.get(kind, 0) + int(client.memory_usage(key, samples=0) or 0)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,6 +146,7 @@ def main() -> int:
             before = int(client.info("memory")["used_memory"])
             full_s, full_rss = enqueue(full, redis_url, "full")
             after = int(client.info("memory")["used_memory"])
+            by_kind = memory_by_kind(client, "full")
         finally:
             process.stop()
     per_prompt = (after - before) / args.rows
@@ -139,6 +161,8 @@ def main() -> int:
         f"Redis memory per prompt  {per_prompt:.0f} bytes ({per_prompt / raw_per_prompt:.2f} x its raw text, "
         "ids and queue included)"
     )
+    for kind, used in sorted(by_kind.items(), key=lambda item: -item[1]):
+        print(f"  {kind:<34} {used / args.rows:.0f} bytes a prompt")
     ten_million_gib = per_prompt * TEN_MILLION / 2**30
     print(
         f"10M prompts queued       {ten_million_gib:.1f} GiB of Redis (a 64 GB Redis queues "
