@@ -64,6 +64,7 @@ MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
 HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
+FINGERPRINTED_STATUSES = (*HELD_STATUSES, ORPHANED)  # an orphan's first content is known by its fingerprint
 
 
 class StoredRejection(Record, frozen=True):
@@ -83,6 +84,7 @@ class EnqueueReport:
     new: int = 0
     already_there: int = 0
     requeued_orphans: int = 0  # held by the run but by no batch (after `recover`): batched again
+    requeued_changed: int = 0  # of those, rows whose content differs from the first enqueue's (now lost)
     duplicates_in_input: int = 0  # the same id with the same content as an earlier row
     rejected: list[RejectedRow] = field(default_factory=list)  # the first MAX_REJECTIONS_SHOWN
     rejected_count: int = 0
@@ -287,14 +289,16 @@ class Enqueuer:
         keys = [self.keys.enqueued, self.session_key, self.keys.done, self.keys.staged, self.keys.dead]
         requeue = "1" if self._requeue_orphans else "0"
         statuses = self._scripts.classify(keys=keys, args=[ids, requeue]).decode()
-        held = [p.id for p, status in zip(prompts, statuses, strict=True) if status in HELD_STATUSES]
-        seen = self._stored_fingerprints(held)
+        known = [p.id for p, s in zip(prompts, statuses, strict=True) if s in FINGERPRINTED_STATUSES]
+        seen = self._stored_fingerprints(known)
         new: list[Prompt] = []
         conflicts: list[RejectedRow] = []
         seen_in_chunk: dict[str, Prompt] = {}
         for prompt, status in zip(prompts, statuses, strict=True):
             earlier_in_chunk = seen_in_chunk.get(prompt.id)
-            earlier = self._fingerprint(earlier_in_chunk) if earlier_in_chunk else seen.get(prompt.id)
+            first = seen.get(prompt.id)
+            kept = None if status == ORPHANED else first  # an orphan's first text went with its batch
+            earlier = self._fingerprint(earlier_in_chunk) if earlier_in_chunk else kept
             if earlier is not None and earlier.digest != content_digest(prompt):
                 conflicts.append(self._conflict(prompt, earlier))
             elif status == DUPLICATE_IN_INPUT or earlier_in_chunk is not None:
@@ -304,6 +308,7 @@ class Enqueuer:
             else:
                 if status == ORPHANED:
                     report.requeued_orphans += 1
+                    report.requeued_changed += first is not None and first.digest != content_digest(prompt)
                 seen_in_chunk[prompt.id] = prompt
                 new.append(prompt)
         return new, conflicts

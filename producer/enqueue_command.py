@@ -40,6 +40,11 @@ def _print_enqueue_report(report: EnqueueReport) -> None:
     print(f"already there       {report.already_there}")
     if report.requeued_orphans:
         print(f"requeued            {report.requeued_orphans} (held by the run, by no batch: after recover)")
+        if report.requeued_changed:
+            print(
+                f"  {report.requeued_changed} of them with other content than first enqueued: generated "
+                "as they are now (the first text was lost with Redis)"
+            )
     print(f"duplicate ids       {report.duplicates_in_input} (same id and content in the input; kept one)")
     if report.conflict_count:
         print(f"conflicting ids     {report.conflict_count} (same id, other content: kept the first version)")

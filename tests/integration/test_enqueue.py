@@ -262,3 +262,25 @@ def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_nam
     assert f"conflicts with a.jsonl:3 of enqueue 1 ({folder} at " in conflict.reason
     assert report.new == 1
     assert read_enqueued_ids(store) == {"q0", "q1", "q2", "q3"}
+
+
+def test_after_recover_an_uncommitted_prompt_is_queued_again_as_it_reads_now_and_a_change_is_counted(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a run enqueued into an output, nothing of it committed, then Redis lost and recovered
+    store = open_store((tmp_path / "out").as_uri())
+    pinned = pin_settings(redis_client, msgspec.structs.replace(settings(), output_url=store.url))
+    write_run_settings(store, pinned)
+    first = write_jsonl(tmp_path / "first.jsonl", rows(2))
+    Enqueuer(redis_client, pinned, RecordingPublisher(), source=first, store=store).enqueue(
+        iter_prompts(first)
+    )
+    redis_client.flushall()
+    recover_run(redis_client, store, RUN)
+    # When the data is enqueued again, one row edited meanwhile
+    again = write_jsonl(tmp_path / "again.jsonl", [*rows(1), {"id": "q1", "prompt": "edited"}])
+    publisher = RecordingPublisher()
+    report = Enqueuer(redis_client, pinned, publisher, source=again, store=store).enqueue(iter_prompts(again))
+    # Then both are queued again (the first texts went with Redis), the edited one counted, none refused
+    assert (report.requeued_orphans, report.requeued_changed, report.conflict_count) == (2, 1, 0)
+    assert sorted(prompts_in_batches(redis_client, publisher.published)) == ["q0", "q1"]
