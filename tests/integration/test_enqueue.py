@@ -22,6 +22,7 @@ from tests.support.records import completion
 from workers.codec import decode_blob
 from workers.keys import RunKeys
 from workers.ledger import RunLedger
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings
 from workers.settings import UploadSettings
 from workers.storage import open_store
@@ -232,13 +233,19 @@ def test_two_enqueues_of_one_run_at_the_same_moment_never_place_a_prompt_in_two_
     assert sorted(prompts_in_batches(redis_client, first.published)) == sorted(f"q{i}" for i in range(40))
 
 
+def run_with_output(client: redis.Redis, tmp_path: Path) -> tuple[ObjectStore, RunSettings]:
+    """A run pinned with an output folder holding its run.json, as `enqueue` leaves it."""
+    store = open_store((tmp_path / "out").as_uri())
+    pinned = pin_settings(client, msgspec.structs.replace(settings(), output_url=store.url))
+    write_run_settings(store, pinned)
+    return store, pinned
+
+
 def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_named_as_before(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     # Given a run enqueued from a folder into an output and committed, then Redis lost
-    store = open_store((tmp_path / "out").as_uri())
-    pinned = pin_settings(redis_client, msgspec.structs.replace(settings(), output_url=store.url))
-    write_run_settings(store, pinned)
+    store, pinned = run_with_output(redis_client, tmp_path)
     folder = tmp_path / "shards"
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", rows(3))
@@ -268,9 +275,7 @@ def test_after_recover_an_uncommitted_prompt_is_queued_again_as_it_reads_now_and
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     # Given a run enqueued into an output, nothing of it committed, then Redis lost and recovered
-    store = open_store((tmp_path / "out").as_uri())
-    pinned = pin_settings(redis_client, msgspec.structs.replace(settings(), output_url=store.url))
-    write_run_settings(store, pinned)
+    store, pinned = run_with_output(redis_client, tmp_path)
     first = write_jsonl(tmp_path / "first.jsonl", rows(2))
     Enqueuer(redis_client, pinned, RecordingPublisher(), source=first, store=store).enqueue(
         iter_prompts(first)
