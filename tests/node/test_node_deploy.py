@@ -48,9 +48,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
 )
 def test_every_unit_reads_the_shared_env_file_and_comes_back_after_a_failure(name: str) -> None:
     directives = unit(name)
-    assert directives["EnvironmentFile"] == [ENV_FILE]
+    assert directives["EnvironmentFile"][0] == ENV_FILE
     assert directives["Restart"] in (["always"], ["on-failure"])
     assert directives["User"] == ["draftgen"]
+
+
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("draftgen-generate@.service", "worker"),
+        ("draftgen-uploader.service", "uploader"),
+        ("draftgen-flower.service", "flower"),
+    ],
+)
+def test_a_unit_that_talks_to_redis_reads_its_roles_url_last_when_the_file_is_there(
+    name: str, role: str
+) -> None:
+    # the '-' lets the unit start without it (a single node's Redis without users)
+    assert unit(name)["EnvironmentFile"] == [ENV_FILE, f"-/etc/draftgen/redis-{role}.env"]
 
 
 def test_the_server_unit_runs_serve_for_its_gpu_with_arguments_serve_accepts(
