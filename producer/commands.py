@@ -1,5 +1,5 @@
-"""The commands of `python -m producer` that read a run: verify, recover, files and gc, and the Redis
-helpers every command shares (enqueue's own handler is producer/enqueue_command.py).
+"""The commands of `python -m producer` that read a run: verify, recover, files and gc (enqueue's own
+handler is producer/enqueue_command.py; the Redis helpers every command shares are producer/run_access.py).
 
 Imported only when one of them runs (see producer/deferred.py); verify and recover import the Parquet
 readers themselves, so a command that never reads a part starts without pyarrow.
@@ -9,61 +9,22 @@ from __future__ import annotations
 
 import argparse
 
-import msgspec
-import redis
-
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from producer.errors import (
     OutputError,
-    RunNotFound,
-    RunStateBroken,
     SettingsError,
 )
 from producer.gc import collect_orphans
 from producer.progress_lines import ProgressLines
 from producer.recover import read_run_settings, recover_run
+from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
 from workers.errors import UnsupportedStoreUrl
-from workers.keys import RunKeys, check_run_name
+from workers.keys import check_run_name
 from workers.manifest import committed_locations
 from workers.object_store import ObjectStore
-from workers.runs import RunSettings, decode_run_settings
 from workers.storage import check_output_folder, normalise_output_url, open_store
-
-
-def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
-    url: str = args.redis_url or settings.redis_url
-    return url
-
-
-def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
-    """A client whose Redis answered: a wrong URL or password fails here, before anything is done."""
-    client = redis.Redis.from_url(chosen_redis_url(args, settings))
-    client.ping()
-    return client
-
-
-def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
-    raw = client.get(RunKeys(run).settings)
-    if raw is None:
-        return None
-    try:
-        return decode_run_settings(raw)
-    except msgspec.DecodeError as error:
-        raise RunStateBroken(
-            f"run {run!r}: its pinned settings in Redis are unreadable ({error}); `python -m producer "
-            f"recover --run {run} --output URL` restores them from the output's run.json"
-        ) from error
-
-
-def require_run(client: redis.Redis, run: str) -> RunSettings:
-    pinned = pinned_settings(client, run)
-    if pinned is None:
-        raise RunNotFound(
-            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
-        )
-    return pinned
 
 
 def checked_output_store(url: str) -> ObjectStore:

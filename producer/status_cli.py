@@ -20,8 +20,9 @@ from inference.records import DeadLetter, Record, row_place
 from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
 from producer.rows import RejectedRow
+from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
-from producer.status.gather import gather_status, load_settings
+from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
 from workers.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
@@ -34,10 +35,6 @@ DEFAULT_PAUSE_REASON = "paused by hand"
 LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
 LISTED_KINDS = ("rejected", "dead")
-
-
-def _redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
-    return redis.Redis.from_url(args.redis_url or settings.redis_url)
 
 
 def resolve_price(option: float | None, env: Mapping[str, str]) -> tuple[float | None, str]:
@@ -54,7 +51,7 @@ def resolve_price(option: float | None, env: Mapping[str, str]) -> tuple[float |
 
 
 def cmd_status(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    client = _redis(args, settings)
+    client = connect_redis(args, settings)
     run = check_run_name(args.run)
     price, source = resolve_price(args.price_per_gpu_hour, os.environ)
 
@@ -92,9 +89,9 @@ def _json(snapshot: Callable[[], RunStatus], watch_s: float | None) -> int:
 
 
 def cmd_pause(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    client = _redis(args, settings)
+    client = connect_redis(args, settings)
     run = check_run_name(args.run)
-    load_settings(client, run)  # the run must exist
+    require_run(client, run)
     if pause(client, run, args.reason, by=PAUSED_BY_USER):
         print(
             f"run {run} paused: {args.reason}\n"
@@ -110,9 +107,9 @@ def cmd_pause(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
 
 def cmd_resume(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    client = _redis(args, settings)
+    client = connect_redis(args, settings)
     run = check_run_name(args.run)
-    load_settings(client, run)
+    require_run(client, run)
     state = resume(client, run)
     if state is None:
         print(f"run {run} was not paused")
@@ -198,7 +195,7 @@ def cmd_rejects(args: argparse.Namespace, settings: ProducerSettings) -> int:
     if args.output_url is not None:
         listing = rejects_from_output(args.output_url, run)
     else:
-        client = _redis(args, settings)
+        client = connect_redis(args, settings)
         if not client.exists(RunKeys(run).settings):
             raise RunNotFound(f"no run named {run!r} in Redis: name its output with --output to read it")
         listing = rejects_from_redis(client, run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from producer.errors import RunNotFound
+from producer.run_access import require_run
 from producer.status.figures import (
     MS_PER_S,
     RATE_WINDOW_S,
@@ -37,7 +37,6 @@ from workers.manifest import decode_entry
 from workers.quality_gate import read_gate
 from workers.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.redis_client import redis_now_s
-from workers.runs import RunSettings, decode_run_settings
 from workers.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
 
 GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
@@ -62,15 +61,6 @@ def queue_depths(client: redis.Redis) -> list[QueueDepth]:
     ]
 
 
-def load_settings(client: redis.Redis, run: str) -> RunSettings:
-    raw = client.get(RunKeys(run).settings)
-    if raw is None:
-        raise RunNotFound(
-            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
-        )
-    return decode_run_settings(raw)
-
-
 def gather_status(
     client: redis.Redis,
     run: str,
@@ -80,7 +70,7 @@ def gather_status(
     now_s: float | None = None,
 ) -> RunStatus:
     """One consistent-enough snapshot of the run (each group of figures is read in one round trip)."""
-    settings = load_settings(client, run)
+    settings = require_run(client, run)
     keys = RunKeys(run)
     now = redis_now_s(client) if now_s is None else now_s
     with client.pipeline(transaction=False) as pipe:

@@ -1,0 +1,50 @@
+"""Reaching Redis and a run's pinned settings, as every command of `python -m producer` does.
+
+Light on purpose: `status`, `pause` and `resume` import it, and they start without pyarrow or boto3.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import msgspec
+import redis
+
+from producer.errors import RunNotFound, RunStateBroken
+from producer.settings import ProducerSettings
+from workers.keys import RunKeys
+from workers.runs import RunSettings, decode_run_settings
+
+
+def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
+    url: str = args.redis_url or settings.redis_url
+    return url
+
+
+def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
+    """A client whose Redis answered: a wrong URL or password fails here, before anything is done."""
+    client = redis.Redis.from_url(chosen_redis_url(args, settings))
+    client.ping()
+    return client
+
+
+def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
+    raw = client.get(RunKeys(run).settings)
+    if raw is None:
+        return None
+    try:
+        return decode_run_settings(raw)
+    except msgspec.DecodeError as error:
+        raise RunStateBroken(
+            f"run {run!r}: its pinned settings in Redis are unreadable ({error}); `python -m producer "
+            f"recover --run {run} --output URL` restores them from the output's run.json"
+        ) from error
+
+
+def require_run(client: redis.Redis, run: str) -> RunSettings:
+    pinned = pinned_settings(client, run)
+    if pinned is None:
+        raise RunNotFound(
+            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
+        )
+    return pinned
