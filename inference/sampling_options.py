@@ -20,6 +20,11 @@ SAMPLING_OPTION_NAMES = (
 )
 
 
+def sampling_flag(name: str) -> str:
+    """The option that sets a field: `top_p` -> `--top-p`, `enable_thinking` -> `--thinking`."""
+    return "--thinking" if name == "enable_thinking" else "--" + name.replace("_", "-")
+
+
 def add_sampling_options(
     parser: argparse.ArgumentParser, *, title: str, thinking_help: str, seed_help: str
 ) -> argparse._ArgumentGroup:

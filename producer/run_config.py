@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from inference.records import SamplingSettings
-from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_problem
+from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_flag, sampling_problem
 from producer.errors import OutputError, SettingsError
 from workers.errors import UnsupportedStoreUrl
 from workers.runs import (
@@ -39,7 +39,6 @@ RUN_FIELDS = frozenset(
 )
 OPTION_FLAGS = {  # settings keys whose `enqueue` option is not simply --key-with-dashes
     "output_url": "--output",
-    "enable_thinking": "--thinking",
     "gate_max_empty_answer_rate": "--gate-max-empty-rate",
     "gate_max_truncated_rate": "--gate-max-truncated-rate",
 }
@@ -75,7 +74,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def option_flag(key: str) -> str:
     """The `enqueue` option that sets a settings key: `top_p` -> `--top-p`."""
-    return OPTION_FLAGS.get(key, "--" + key.replace("_", "-"))
+    return OPTION_FLAGS.get(key) or sampling_flag(key)
 
 
 def check_stated_values(

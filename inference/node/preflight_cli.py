@@ -32,7 +32,12 @@ from inference.node.preflight.report import PreflightReport, report_to_json
 from inference.node.preflight.run_files import registered_run_files
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
-from inference.sampling_options import SAMPLING_OPTION_NAMES, add_sampling_options
+from inference.sampling_options import (
+    SAMPLING_OPTION_NAMES,
+    add_sampling_options,
+    sampling_flag,
+    sampling_problem,
+)
 
 REPORT_WIDTH_COLUMNS = 120
 """Width of the report when stdout is not a terminal (a file, a pipe, CI logs)."""
@@ -111,14 +116,16 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
 
 def _sampling_from_values(values: Mapping[str, Any]) -> SamplingSettings:
     given = {name: value for name, value in values.items() if value is not None}
+    for name, value in given.items():
+        problem = sampling_problem(name, value)
+        if problem is not None:  # what SGLang would answer 400 to, said before any request
+            raise OptionError(f"{sampling_flag(name)} {value!r}: {problem}")
     try:
         sampling = msgspec.convert(
             {**msgspec.to_builtins(SamplingSettings()), **given}, type=SamplingSettings
         )
     except msgspec.ValidationError as error:
         raise OptionError(f"invalid run settings: {error}") from error
-    if sampling.max_tokens < 1:
-        raise OptionError(f"--max-tokens must be at least 1, got {sampling.max_tokens}")
     return sampling
 
 

@@ -393,8 +393,17 @@ def test_without_the_producer_installed_a_run_file_is_a_usage_error_that_says_wh
     assert "install the draftgen package" in capsys.readouterr().err
 
 
+def test_a_value_sglang_would_refuse_is_a_usage_error_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    exit_code = main(["preflight", "--url", URL, "--temperature", "nan"])
+
+    assert exit_code == EXIT_USAGE
+    assert "--temperature nan: must be a finite number" in capsys.readouterr().err
+
+
 def test_a_zero_budget_is_a_usage_error() -> None:
-    with pytest.raises(OptionError, match="--max-tokens must be at least 1"):
+    with pytest.raises(OptionError, match="--max-tokens 0: must be between 1 and"):
         sampling_from_args(_parse(["--max-tokens", "0"]))
 
 
