@@ -29,7 +29,11 @@ class ProducerRunFiles:
     def sampling(self, config: Path, options: Mapping[str, Any]) -> SamplingSettings:
         try:
             run = resolve_run_settings(
-                PREFLIGHT_RUN_NAME, pinned=None, file_values=read_toml(config), option_values=options
+                PREFLIGHT_RUN_NAME,
+                pinned=None,
+                file_values=read_toml(config),
+                option_values=options,
+                file_label=str(config),
             )
         except SettingsError as error:
             raise OptionError(str(error)) from error
