@@ -27,7 +27,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
-from devstack.runs import enqueue_run
+from devstack.runs import enqueue_run, memory_by_prefix
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.keys import FINGERPRINT_BUCKETS, RunKeys
@@ -35,6 +35,7 @@ from workers.ledger import RunLedger
 from workers.runs import RunSettings
 
 INSTANT_SPEEDUP = 100_000.0
+FINGERPRINTS = "fingerprints"
 TINY_THINKING_TOKENS = 20.0
 TINY_ANSWER_TOKENS = 10.0
 RUN_TIMEOUT_S = 600.0
@@ -55,12 +56,6 @@ def command_time_us(client: redis.Redis) -> tuple[float, dict[str, float]]:
     per_command = {name.removeprefix("cmdstat_"): float(fields["usec"]) for name, fields in stats.items()}
     top = dict(sorted(per_command.items(), key=lambda item: -item[1])[:5])
     return sum(per_command.values()), top
-
-
-def fingerprints_memory(client: redis.Redis, run: str) -> int:
-    """Bytes of the run's fingerprint hashes: a fixed cost per bucket that a small run cannot spread."""
-    pattern = RunKeys(run).fingerprints(0).removesuffix("0") + "*"
-    return sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(match=pattern, count=1000))
 
 
 def main() -> int:
@@ -106,7 +101,10 @@ def main() -> int:
             cpu_used_s = redis_cpu_s(client) - cpu_before
             command_us, top_commands = command_time_us(client)
             memory_left = int(client.info("memory")["used_memory"]) - memory_before
-            fingerprint_bytes = fingerprints_memory(client, "cp")
+            # a fixed cost per bucket that a small run cannot spread: reported apart
+            fingerprint_bytes = memory_by_prefix(
+                client, {RunKeys("cp").fingerprints_prefix: FINGERPRINTS}
+            ).get(FINGERPRINTS, 0)
         finally:
             for worker in workers:
                 worker.stop()

@@ -31,6 +31,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import PROJECT_ROOT, free_port, start_redis
+from devstack.runs import memory_by_prefix
 from workers.keys import RunKeys
 from workers.queues import GENERATE_QUEUE
 
@@ -38,7 +39,6 @@ ONE_MILLION = 1_000_000
 TEN_MILLION = 10 * ONE_MILLION
 REDIS_MEMORY_BYTES = 64 * 2**30
 SMALL_ROWS = 100_000
-SCAN_COUNT = 1000
 WORDS = (
     "explain",
     "why",
@@ -109,20 +109,17 @@ def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
 
 
 def memory_by_kind(client: redis.Redis, run: str) -> dict[str, int]:
-    """Where a queued run's Redis bytes are: MEMORY USAGE of every key, by what the key holds."""
+    """Where a queued run's Redis bytes are, by what the keys hold."""
     keys = RunKeys(run)
-    kinds = {
-        keys.batch(""): "batches (compressed prompts)",
-        keys.fingerprints(0).removesuffix("0"): "fingerprints of explicit ids",
-        keys.enqueued: "the run's ids (enqueued set)",
-        GENERATE_QUEUE: "messages in the queue",
-    }
-    found: dict[str, int] = {}
-    for raw in client.scan_iter(count=SCAN_COUNT):
-        key = raw.decode()
-        kind = next((name for prefix, name in kinds.items() if key.startswith(prefix)), "everything else")
-        found[kind] = found.get(kind, 0) + int(client.memory_usage(key, samples=0) or 0)
-    return found
+    return memory_by_prefix(
+        client,
+        {
+            keys.batches_prefix: "batches (compressed prompts)",
+            keys.fingerprints_prefix: "fingerprints of explicit ids",
+            keys.enqueued: "the run's ids (enqueued set)",
+            GENERATE_QUEUE: "messages in the queue",
+        },
+    )
 
 
 def main() -> int:

@@ -6,7 +6,6 @@ import argparse
 import logging
 
 from devstack import demo
-from producer.settings import ProducerSettings
 
 
 def main() -> int:
@@ -14,7 +13,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m devstack")
     demo.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args()
-    exit_code: int = args.handler(args, ProducerSettings.from_env())
+    exit_code: int = args.handler(args)
     return exit_code
 
 

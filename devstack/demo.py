@@ -26,17 +26,16 @@ from devstack.local_stack import (
     flower_process,
     free_port,
     http_ok,
-    masked_url,
     start_celery_worker,
     start_redis,
     worker_env,
-    write_private_file,
 )
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from inference.private_files import write_private
 from inference.sglang_defaults import SGLANG_BASE_PORT
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.settings import ProducerSettings
 from workers.ledger import RunLedger
+from workers.settings import redacted_url
 
 SAMPLE_DATA = PROJECT_ROOT / "producer" / "data" / "sample.jsonl"
 DEFAULT_WORKDIR = Path(".demo")
@@ -101,9 +100,9 @@ def running_stack(args: argparse.Namespace, console: Console) -> Iterator[tuple[
         redis_server = start_redis(port_or_free(args.redis_port), workdir / "redis", logs)
         stack.processes.append(redis_server)
         redis_url = redis_server.url
-        write_private_file(redis_url_file(workdir), redis_url + "\n")
+        write_private(redis_url_file(workdir), redis_url + "\n")
         console.print(
-            f"redis-server      {masked_url(redis_url)} (AOF in {workdir / 'redis'}; "
+            f"redis-server      {redacted_url(redis_url)} (AOF in {workdir / 'redis'}; "
             f"the URL with its password in {redis_url_file(workdir)}, readable by you only)"
         )
         for gpu in range(args.gpus):
@@ -150,7 +149,7 @@ def wait_for_run(client: redis.Redis, run: str, console: Console) -> None:
             time.sleep(PROGRESS_POLL_S)
 
 
-def cmd_demo(args: argparse.Namespace, settings: ProducerSettings) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     previous = {signum: signal.signal(signum, _raise_stopped) for signum in STOP_SIGNALS}
     try:
@@ -169,7 +168,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
-        shown_url = masked_url(redis_url)
+        shown_url = redacted_url(redis_url)
         console.print(
             f"\n$ python -m producer --redis-url {shown_url} enqueue {args.data} --run {run} "
             f"--output {output}"

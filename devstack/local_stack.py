@@ -18,8 +18,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
+from inference.private_files import PRIVATE_FILE_MODE, write_private
 from inference.simulator.process import free_port as free_port  # one free-port finder for all
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -30,14 +30,11 @@ POLL_INTERVAL_S = 0.05
 HTTP_PROBE_TIMEOUT_S = 2.0
 LOG_TAIL_LINES = 40
 LOCAL_REDIS_HOST = "127.0.0.1"
-LOCAL_REDIS_DB = 0
 # Beside the Redis data, readable by its owner only: `requirepass <password>`, made at the first start and
 # included by every later one (a restart on the same data, AOF and all, keeps its password).
 REDIS_AUTH_CONF = "redis-auth.conf"
 REDIS_PASSWORD_BYTES = 32  # 256 random bits, as 64 hex digits: nothing in them needs quoting in a URL
 REQUIREPASS_DIRECTIVE = "requirepass"
-PRIVATE_FILE_MODE = 0o600
-MASKED_PASSWORD = "***"
 
 
 class ProcessFailed(RuntimeError):
@@ -137,15 +134,6 @@ class ManagedProcess:
             self.kill()
 
 
-def write_private_file(path: Path, text: str) -> None:
-    """Create `path` readable and writable by its owner only, from the first byte (never briefly wider)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-    with os.fdopen(descriptor, "w") as private:
-        private.write(text)
-    path.chmod(PRIVATE_FILE_MODE)  # an older file keeps its mode through O_CREAT: narrow it too
-
-
 def _password_in(auth_conf: Path) -> str | None:
     for line in auth_conf.read_text().splitlines():
         directive, _, value = line.strip().partition(" ")
@@ -163,27 +151,17 @@ def redis_password(data_dir: Path) -> tuple[str, Path]:
         if kept is not None:
             return kept, auth_conf
     password = secrets.token_hex(REDIS_PASSWORD_BYTES)
-    write_private_file(auth_conf, f"{REQUIREPASS_DIRECTIVE} {password}\n")
+    write_private(auth_conf, f"{REQUIREPASS_DIRECTIVE} {password}\n")
     return password, auth_conf
 
 
-def local_redis_url(port: int, password: str, *, db: int = LOCAL_REDIS_DB) -> str:
-    return f"redis://:{password}@{LOCAL_REDIS_HOST}:{port}/{db}"
-
-
-def masked_url(url: str) -> str:
-    """The URL with its password (if any) shown as ***: for logs and the screen."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:{MASKED_PASSWORD}@{host}"))
+def local_redis_url(port: int, password: str) -> str:
+    return f"redis://:{password}@{LOCAL_REDIS_HOST}:{port}/0"
 
 
 @dataclass
 class RedisProcess(ManagedProcess):
-    """A local redis-server with a password; `url` carries it (keep it off the screen: `masked_url`)."""
+    """A local redis-server with a password; `url` carries it (keep it off the screen: `redacted_url`)."""
 
     port: int = 0
     password: str = field(default="", repr=False)
@@ -192,8 +170,6 @@ class RedisProcess(ManagedProcess):
     def url(self) -> str:
         return local_redis_url(self.port, self.password)
 
-    def url_for_db(self, db: int) -> str:
-        return local_redis_url(self.port, self.password, db=db)
 
 
 def redis_process(port: int, data_dir: Path, log_dir: Path) -> RedisProcess:

@@ -3,7 +3,7 @@ the pipeline rather than the command line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import redis
 
@@ -17,6 +17,19 @@ from workers.settings import WorkerSettings
 from workers.storage import open_store
 
 BENCH_SOURCE = "bench"
+SCAN_COUNT = 1000  # keys per SCAN round trip
+OTHER_KEYS = "everything else"
+
+
+def memory_by_prefix(client: redis.Redis, kinds: Mapping[str, str]) -> dict[str, int]:
+    """Redis bytes (MEMORY USAGE) of every key, summed by the kind its prefix names; the rest under
+    "everything else"."""
+    found: dict[str, int] = {}
+    for raw in client.scan_iter(count=SCAN_COUNT):
+        key = raw.decode()
+        kind = next((name for prefix, name in kinds.items() if key.startswith(prefix)), OTHER_KEYS)
+        found[kind] = found.get(kind, 0) + int(client.memory_usage(key, samples=0) or 0)
+    return found
 
 
 def enqueue_run(

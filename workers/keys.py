@@ -67,7 +67,12 @@ class RunKeys:
 
     def batch(self, batch_id: str) -> str:
         """A batch's prompts (compressed), written before its message is published."""
-        return self._key(f"batch:{batch_id}")
+        return f"{self.batches_prefix}{batch_id}"
+
+    @property
+    def batches_prefix(self) -> str:
+        """What every batch key of the run starts with (to SCAN for them)."""
+        return self._key("batch:")
 
     @property
     def open_batches(self) -> str:
@@ -172,7 +177,12 @@ class RunKeys:
         """One of FINGERPRINT_BUCKETS hashes prompt id -> "content digest|enqueue number|row", for prompts
         with their own (explicit) id: tells a re-used id with other content (a conflict) from a duplicate.
         Hashed ids need none. Small hashes stay listpacks: about a third of one big hash's memory."""
-        return self._key(f"fingerprints:{bucket}")
+        return f"{self.fingerprints_prefix}{bucket}"
+
+    @property
+    def fingerprints_prefix(self) -> str:
+        """What every fingerprint hash of the run starts with (to SCAN for them)."""
+        return self._key("fingerprints:")
 
     @property
     def enqueues(self) -> str:

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import IO
 
 from inference.node.command import ServerCommand
 from inference.node.errors import LaunchError, ServerExited
+from inference.private_files import write_private
 from inference.readiness import (
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_READY_TIMEOUT_S,
@@ -37,7 +37,6 @@ from inference.readiness import (
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 60.0
-PRIVATE_FILE_MODE = 0o600
 """SGLang tears down its scheduler processes on SIGTERM; systemd's TimeoutStopSec is set above this."""
 PROCESS_POLL_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -145,14 +144,6 @@ class Fleet:
             _send(server.process.pid, signal.SIGKILL, group=True)
             server.process.wait()
             server.log.close()
-
-
-def write_private(path: Path, text: str) -> None:
-    """A file only its owner can read, whatever the umask, even if it existed before."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
-    with os.fdopen(descriptor, "w") as handle:
-        os.fchmod(handle.fileno(), PRIVATE_FILE_MODE)
-        handle.write(text)
 
 
 def _send(pid: int, signum: int, *, group: bool) -> None:
