@@ -38,18 +38,27 @@ end
 return table.concat(out)
 """
 
+# Shared prologue: Redis's own clock in seconds, to the microsecond (the hosts' clocks may disagree).
+_REDIS_CLOCK = """
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+"""
+
 # The new ids join the run with the batches that carry them, their outbox entries and their place
 # among the run's open batches (scored by the Redis time they were dispatched).
 # KEYS: enqueued, session, unpublished, open_batches, then one batch key per batch.
 # ARGV: ids (JSON), session TTL in seconds, then per batch: its blob and its id.
-CLAIM = """
+CLAIM = (
+    _REDIS_CLOCK
+    + """
 for _, id in ipairs(cjson.decode(ARGV[1])) do
   redis.call('SADD', KEYS[1], id)
   redis.call('SADD', KEYS[2], id)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local now = redis_now()
 for i = 3, #ARGV, 2 do
   redis.call('SET', KEYS[5 + (i - 3) / 2], ARGV[i])
   redis.call('SADD', KEYS[3], ARGV[i + 1])
@@ -57,6 +66,7 @@ for i = 3, #ARGV, 2 do
 end
 return 1
 """
+)
 
 # --------------------------------------------------------------------------- generate: hand-over
 
@@ -66,13 +76,15 @@ return 1
 # ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
 # events kept, then the stats field names: completions, the three token totals, first completion, and
 # the missing-token-ids counter (empty when the completion has its ids).
-STAGE = """
+STAGE = (
+    _REDIS_CLOCK
+    + """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   return 0
 end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
-local now = redis.call('TIME')
-redis.call('ZADD', KEYS[4], tonumber(now[1]) + tonumber(now[2]) / 1e6, ARGV[1])
+local now = redis_now()
+redis.call('ZADD', KEYS[4], now, ARGV[1])
 redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
 redis.call('HINCRBY', KEYS[6], ARGV[10], 1)
 redis.call('HINCRBY', KEYS[6], ARGV[3], 1)
@@ -80,24 +92,27 @@ redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
 redis.call('HINCRBY', KEYS[6], ARGV[11], ARGV[5])
 redis.call('HINCRBY', KEYS[6], ARGV[12], ARGV[6])
 redis.call('HINCRBY', KEYS[6], ARGV[13], ARGV[7])
-redis.call('HSETNX', KEYS[6], ARGV[14], now[1])
+redis.call('HSETNX', KEYS[6], ARGV[14], math.floor(now))
 if ARGV[15] ~= '' then redis.call('HINCRBY', KEYS[6], ARGV[15], 1) end
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu', ARGV[8])
 return 1
 """
+)
 
 # A dead letter is recorded once, and waits in dead_pending for the uploader to commit it.
 # KEYS: done, staged, dead, stats, dead_pending. ARGV: prompt id, letter (JSON), its stats field.
-DEAD_LETTER = """
+DEAD_LETTER = (
+    _REDIS_CLOCK
+    + """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   return 0
 end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
-local now = redis.call('TIME')
-redis.call('ZADD', KEYS[5], tonumber(now[1]) + tonumber(now[2]) / 1e6, ARGV[1])
+redis.call('ZADD', KEYS[5], redis_now(), ARGV[1])
 return 1
 """
+)
 
 # --------------------------------------------------------------------------- upload: commit
 
@@ -166,15 +181,17 @@ return 0
 # A lease says which task execution generates a batch, until when (Redis clock). Its holder renews
 # it; a lease that runs out is taken back by the reconciler, which dispatches the batch again.
 # Shared prologue: `now` in seconds, and whether ARGV-given owner holds a batch's live lease.
-_LEASE_HELPERS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+_LEASE_HELPERS = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
 local function holder_of(leases, owners, id)
   local raw = redis.call('HGET', owners, id)
   if not raw then return nil, 0 end
   return cjson.decode(raw).owner, tonumber(redis.call('ZSCORE', leases, id) or '0')
 end
 """
+)
 
 # KEYS: batch, open_batches, leases, lease_owners. ARGV: batch id, holder (JSON with `owner`), owner, TTL s.
 # Returns 'acquired', 'held' (another execution's lease is live) or 'finished' (the batch is gone).
@@ -268,9 +285,10 @@ return out
 # Of the given open batches, those that nobody leases are dispatched again now (their score moves
 # to now, so the next pass judges them afresh). KEYS: open_batches, leases. ARGV: batch ids.
 # Returns the ids the caller must publish.
-REDISPATCH = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+REDISPATCH = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
 local out = {}
 for _, id in ipairs(ARGV) do
   if redis.call('ZSCORE', KEYS[2], id) == false and redis.call('ZSCORE', KEYS[1], id) ~= false then
@@ -280,6 +298,7 @@ for _, id in ipairs(ARGV) do
 end
 return out
 """
+)
 
 
 @dataclass(frozen=True)
