@@ -114,16 +114,21 @@ def folder_of(url_path: str) -> Path:
     return Path(unquote(url_path))
 
 
+def _bucket_of(s3_url: str) -> str:
+    bucket = urlparse(s3_url).netloc
+    if not bucket:
+        raise UnsupportedStoreUrl(f"{s3_url!r} names no bucket: use s3://bucket/prefix")
+    return bucket
+
+
 def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return FolderStore(folder_of(parsed.path))
     if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
         from workers.s3_store import S3Store  # boto3 only for S3 outputs: a tenth of a second to import
 
-        return S3Store(parsed.netloc, parsed.path, s3_client)
+        return S3Store(_bucket_of(url), parsed.path, s3_client)
     raise UnsupportedStoreUrl(f"{url!r}: output must be file:///absolute/path or s3://bucket/prefix")
 
 
@@ -144,8 +149,7 @@ def normalise_output_url(url: str) -> str:
         raise UnsupportedStoreUrl(f"the output is empty: give {OUTPUT_FORMS}")
     parsed = urlparse(url)
     if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
+        _bucket_of(url)
         return url
     if parsed.scheme == "file":
         if parsed.netloc not in LOCAL_FILE_HOSTS:
