@@ -247,10 +247,12 @@ class Enqueuer:
     def _store_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> list[str]:
         """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids."""
         prompts = [item for item in chunk if isinstance(item, Prompt)]
-        new, conflicts = self._new_prompts(prompts, report)
+        fingerprinted, conflicts = self._new_prompts(prompts, report)
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
-        if not new:
+        if not fingerprinted:
             return []
+        new = [prompt for prompt, _ in fingerprinted]
+        fingerprints = {prompt.id: found.encode() for prompt, found in fingerprinted if found is not None}
         size = self.settings.batch_size
         batches = [
             PromptBatch(
@@ -259,7 +261,6 @@ class Enqueuer:
             for start in range(0, len(new), size)
         ]
         ids = msgspec.json.encode([p.id for p in new])
-        fingerprints = self._fingerprints_of(new)
         if self.store is not None:  # before Redis: the output never lacks an id the run holds
             record = EnqueuedChunk(
                 ids=[p.id for p in new],
@@ -281,42 +282,45 @@ class Enqueuer:
 
     def _new_prompts(
         self, prompts: list[Prompt], report: EnqueueReport
-    ) -> tuple[list[Prompt], list[RejectedRow]]:
-        """The prompts to batch, and the rows whose id the run (or this input) holds with other content."""
+    ) -> tuple[list[tuple[Prompt, Fingerprint | None]], list[RejectedRow]]:
+        """The prompts to batch, each with its fingerprint (None for a hashed id), and the rows whose id
+        the run (or this input) holds with other content."""
         if not prompts:
             return [], []
         ids = msgspec.json.encode([p.id for p in prompts])
         keys = [self.keys.enqueued, self.session_key, self.keys.done, self.keys.staged, self.keys.dead]
         requeue = "1" if self._requeue_orphans else "0"
         statuses = self._scripts.classify(keys=keys, args=[ids, requeue]).decode()
-        known = [p.id for p, s in zip(prompts, statuses, strict=True) if s in FINGERPRINTED_STATUSES]
+        digests = [content_digest(p) for p in prompts]  # None for a hashed id: the id is the digest
+        known = [
+            p.id
+            for p, status, digest in zip(prompts, statuses, digests, strict=True)
+            if digest is not None and status in FINGERPRINTED_STATUSES
+        ]
         seen = self._stored_fingerprints(known)
-        new: list[Prompt] = []
+        new: list[tuple[Prompt, Fingerprint | None]] = []
         conflicts: list[RejectedRow] = []
-        seen_in_chunk: dict[str, Prompt] = {}
-        for prompt, status in zip(prompts, statuses, strict=True):
-            earlier_in_chunk = seen_in_chunk.get(prompt.id)
+        in_chunk: dict[str, Fingerprint | None] = {}
+        for prompt, status, digest in zip(prompts, statuses, digests, strict=True):
             first = seen.get(prompt.id)
             kept = None if status == ORPHANED else first  # an orphan's first text went with its batch
-            earlier = self._fingerprint(earlier_in_chunk) if earlier_in_chunk else kept
-            if earlier is not None and earlier.digest != content_digest(prompt):
+            earlier = in_chunk.get(prompt.id, kept)
+            if earlier is not None and earlier.digest != digest:
                 conflicts.append(self._conflict(prompt, earlier))
-            elif status == DUPLICATE_IN_INPUT or earlier_in_chunk is not None:
+            elif status == DUPLICATE_IN_INPUT or prompt.id in in_chunk:
                 report.duplicates_in_input += 1
             elif status == ALREADY_THERE:
                 report.already_there += 1
             else:
                 if status == ORPHANED:
                     report.requeued_orphans += 1
-                    report.requeued_changed += first is not None and first.digest != content_digest(prompt)
-                seen_in_chunk[prompt.id] = prompt
-                new.append(prompt)
+                    report.requeued_changed += first is not None and first.digest != digest
+                fingerprint = None if digest is None else self._fingerprint(prompt, digest)
+                in_chunk[prompt.id] = fingerprint
+                new.append((prompt, fingerprint))
         return new, conflicts
 
-    def _fingerprint(self, prompt: Prompt) -> Fingerprint | None:
-        digest = content_digest(prompt)
-        if digest is None:
-            return None
+    def _fingerprint(self, prompt: Prompt, digest: str) -> Fingerprint:
         return Fingerprint(
             digest=digest, enqueue_number=self.enqueue_number, row=prompt.row, file=prompt.file
         )
@@ -330,11 +334,6 @@ class Enqueuer:
             raws = pipe.execute()
         found = {pid: Fingerprint.decode(raw) for pid, raw in zip(prompt_ids, raws, strict=True)}
         return {pid: fingerprint for pid, fingerprint in found.items() if fingerprint is not None}
-
-    def _fingerprints_of(self, prompts: list[Prompt]) -> dict[str, str]:
-        """The encoded fingerprint of each explicit id among the prompts."""
-        found = ((prompt.id, self._fingerprint(prompt)) for prompt in prompts)
-        return {prompt_id: fingerprint.encode() for prompt_id, fingerprint in found if fingerprint}
 
     def _remember_fingerprints(self, fingerprints: dict[str, str]) -> None:
         """Before the claim: every claimed explicit id has its fingerprint (a crash between leaves only
