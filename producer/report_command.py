@@ -15,9 +15,9 @@ from producer.errors import RunNotFound
 from producer.progress_lines import ProgressLines
 from producer.report import compute_figures, dead_letters_by_reason
 from producer.report_cli import DEFAULT_REPORTS_DIR
+from producer.run_access import pinned_settings
 from producer.settings import ProducerSettings
-from workers.keys import RunKeys, check_run_name
-from workers.runs import decode_run_settings
+from workers.keys import check_run_name
 from workers.storage import normalise_output_url, open_store
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
@@ -26,10 +26,10 @@ REDIS_SOCKET_TIMEOUT_S = 30.0
 
 def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, int] | None]:
     """The run's pinned output URL and dead letters by reason; (None, None) when Redis does not know it."""
-    raw = client.get(RunKeys(run).settings)
-    if raw is None:
+    pinned = pinned_settings(client, run)
+    if pinned is None:
         return None, None
-    return decode_run_settings(raw).output_url, dead_letters_by_reason(client, run)
+    return pinned.output_url, dead_letters_by_reason(client, run)
 
 
 def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:

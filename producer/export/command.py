@@ -22,9 +22,9 @@ from producer.export.shards import Compression
 from producer.export.source import RunOutput
 from producer.export.tokenizer import load_token_counter
 from producer.export_cli import parse_include
+from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
-from workers.keys import RunKeys, check_run_name
-from workers.runs import decode_run_settings
+from workers.keys import check_run_name
 from workers.storage import normalise_output_url, open_store
 
 
@@ -61,14 +61,14 @@ def export_settings(args: argparse.Namespace) -> ExportSettings:
 def _output_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
     if args.output_url:
         return normalise_output_url(args.output_url)
-    client = redis.Redis.from_url(args.redis_url or settings.redis_url)
+    client = redis.Redis.from_url(chosen_redis_url(args, settings))
     try:
-        raw = client.get(RunKeys(args.run).settings)
+        pinned = pinned_settings(client, args.run)
     except redis.RedisError as error:
         raise RunNotFound(f"Redis is not reachable ({error}): name the run's output with --output") from error
-    if raw is None:
+    if pinned is None:
         raise RunNotFound(f"Redis knows no run {args.run!r}: name its output with --output")
-    return decode_run_settings(raw).output_url
+    return pinned.output_url
 
 
 class RichProgress:
