@@ -23,7 +23,7 @@ from producer.errors import (
 )
 from producer.progress_lines import ProgressLines
 from producer.reading import iter_prompts
-from producer.recover import check_output_belongs_to, write_run_settings
+from producer.recover import write_run_settings
 from producer.rows import RejectedRow
 from producer.run_access import chosen_redis_url, connect_redis, pinned_settings
 from producer.run_config import check_stated_values, read_toml, resolve_run_settings
@@ -110,7 +110,8 @@ def _validated_run(
 
 
 def _write_output_settings(store: ObjectStore, settings: RunSettings) -> None:
-    """run.json beside the data: proves the output is writable before anything is pinned."""
+    """run.json beside the data: proves the output is writable, and no other run's, before anything is
+    pinned."""
     try:
         write_run_settings(store, settings)
     except OSError as error:
@@ -136,7 +137,6 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data))
     items = _with_first_row(rows, args.data)  # a missing or empty input fails here
     store = checked_output_store(given.output_url)
-    check_output_belongs_to(store, run)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
     started_s = redis_now_s(client)  # batches dispatched before this are the ones a re-run checks
