@@ -1,8 +1,8 @@
 """The commands of `python -m producer` that read a run: verify, recover, files and gc (enqueue's own
-handler is producer/enqueue_command.py; the Redis helpers every command shares are producer/run_access.py).
+handler is producer/enqueue_command.py; what every command shares is producer/run_access.py).
 
-Imported only when one of them runs (see producer/deferred.py); verify and recover import the Parquet
-readers themselves, so a command that never reads a part starts without pyarrow.
+Imported only when one of them runs (see producer/deferred.py); only reading a part imports the Parquet
+readers (producer/output_record.py), so `files` and `gc` start without pyarrow.
 """
 
 from __future__ import annotations
@@ -11,29 +11,17 @@ import argparse
 
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from producer.errors import (
-    OutputError,
     SettingsError,
 )
 from producer.gc import collect_orphans
 from producer.progress_lines import ProgressLines
 from producer.recover import read_run_settings, recover_run
-from producer.run_access import connect_redis, require_run
+from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
-from workers.errors import UnsupportedStoreUrl
 from workers.keys import check_run_name
 from workers.manifest import committed_locations
-from workers.object_store import ObjectStore
-from workers.storage import check_output_folder, normalise_output_url, open_store
-
-
-def checked_output_store(url: str) -> ObjectStore:
-    """The store of a normalised output URL, refused before anything is written when a folder cannot be."""
-    try:
-        check_output_folder(url)
-    except UnsupportedStoreUrl as error:
-        raise OutputError(f"--output: {error}") from error
-    return open_store(url)
+from workers.storage import normalise_output_url, open_store
 
 
 def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:

@@ -15,7 +15,6 @@ import redis
 from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from inference.records import Prompt
 from inference.sampling_options import SAMPLING_OPTION_NAMES
-from producer.commands import checked_output_store
 from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.errors import (
     OutputError,
@@ -25,7 +24,7 @@ from producer.progress_lines import ProgressLines
 from producer.reading import iter_prompts
 from producer.recover import write_run_settings
 from producer.rows import RejectedRow
-from producer.run_access import chosen_redis_url, connect_redis, pinned_settings
+from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
 from producer.run_config import check_stated_values, read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.keys import check_run_name

@@ -19,7 +19,6 @@ from workers.errors import ObjectMissing
 from workers.jsonl_io import from_jsonl
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
 from workers.object_store import ObjectStore
-from workers.parquet_io import prompt_ids_in
 
 
 @dataclass
@@ -45,6 +44,8 @@ def _checked(store: ObjectStore, key: str, sha256: str | None, record: Committed
 def read_committed(store: ObjectStore, on_entry: Callable[[int, int], None] | None = None) -> CommittedRecord:
     """Every committed part's prompt ids and dead letters, checksums checked; `on_entry(done, total)`
     after each manifest entry."""
+    from workers.parquet_io import prompt_ids_in  # pyarrow only where a part is read
+
     record = CommittedRecord(entries=read_manifest(store))
     for done, entry in enumerate(record.entries, start=1):
         if entry.key is not None:

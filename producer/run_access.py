@@ -1,4 +1,4 @@
-"""Reaching Redis and a run's pinned settings, as every command of `python -m producer` does.
+"""What every command of `python -m producer` shares: reaching Redis, a run's pinned settings, its output.
 
 Light on purpose: `status`, `pause` and `resume` import it, and they start without pyarrow or boto3.
 """
@@ -10,10 +10,13 @@ import argparse
 import msgspec
 import redis
 
-from producer.errors import RunNotFound, RunStateBroken
+from producer.errors import OutputError, RunNotFound, RunStateBroken
 from producer.settings import ProducerSettings
+from workers.errors import UnsupportedStoreUrl
 from workers.keys import RunKeys
+from workers.object_store import ObjectStore
 from workers.runs import RunSettings, decode_run_settings
+from workers.storage import check_output_folder, open_store
 
 
 def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
@@ -48,3 +51,12 @@ def require_run(client: redis.Redis, run: str) -> RunSettings:
             f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
         )
     return pinned
+
+
+def checked_output_store(url: str) -> ObjectStore:
+    """The store of a normalised output URL, refused before anything is written when a folder cannot be."""
+    try:
+        check_output_folder(url)
+    except UnsupportedStoreUrl as error:
+        raise OutputError(f"--output: {error}") from error
+    return open_store(url)
