@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 
 import redis
@@ -15,10 +14,10 @@ from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error
 from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S
-from producer.settings import REDIS_URL_ENV, ProducerSettings
+from producer.run_access import chosen_redis_url
+from producer.settings import ProducerSettings
 from workers.errors import WorkerError
 from workers.runs import TruncationPolicy
-from workers.settings import DEFAULT_REDIS_URL
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
@@ -159,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The command, with what the layers below raise turned into the producer's one tree."""
+    settings = ProducerSettings()  # until the environment is read (a bad variable fails that)
     try:
-        exit_code: int = args.handler(args, ProducerSettings.from_env())
+        settings = ProducerSettings.from_env()
+        exit_code: int = args.handler(args, settings)
     except (WorkerError, redis.RedisError) as error:
-        redis_url = args.redis_url or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL
-        raise as_producer_error(error, redis_url=redis_url) from error
+        raise as_producer_error(error, redis_url=chosen_redis_url(args, settings)) from error
     return exit_code
