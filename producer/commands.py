@@ -10,9 +10,6 @@ from __future__ import annotations
 import argparse
 
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
-from producer.errors import (
-    SettingsError,
-)
 from producer.gc import collect_orphans
 from producer.progress_lines import ProgressLines
 from producer.recover import read_run_settings, recover_run
@@ -29,8 +26,7 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
     if args.output_url is not None:  # the object store alone
         store = checked_output_store(normalise_output_url(args.output_url))
-        if read_run_settings(store).run != run:
-            raise SettingsError(f"{store.url} holds the output of another run than {run!r}")
+        read_run_settings(store, run)  # an output of another run is refused
         report = verify_run(store, run, on_entry=ProgressLines("verified manifest entries").update)
     else:
         client = connect_redis(args, settings)

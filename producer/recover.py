@@ -65,11 +65,15 @@ def write_run_settings(store: ObjectStore, settings: RunSettings) -> None:
     store.put(SETTINGS_KEY, encode_run_settings(settings))
 
 
-def read_run_settings(store: ObjectStore) -> RunSettings:
+def read_run_settings(store: ObjectStore, run: str | None = None) -> RunSettings:
+    """The output's run.json; given `run`, an output of another run is refused (SettingsError)."""
     try:
-        return decode_run_settings(store.get(SETTINGS_KEY))
+        settings = decode_run_settings(store.get(SETTINGS_KEY))
     except ObjectMissing as error:
         raise RunNotFound(f"{store.url} holds no {SETTINGS_KEY}: is this a run's output?") from error
+    if run is not None and settings.run != run:
+        raise SettingsError(f"{store.url} belongs to run {settings.run!r}, not {run!r}")
+    return settings
 
 
 def _restore_records(
@@ -137,9 +141,7 @@ def _restore_notes(client: redis.Redis, keys: RunKeys, notes: dict[int, EnqueueN
 
 def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverReport:
     report = RecoverReport()
-    stored = read_run_settings(store)
-    if stored.run != run:
-        raise SettingsError(f"{store.url} belongs to run {stored.run!r}, not {run!r}")
+    stored = read_run_settings(store, run)
     keys = RunKeys(run)
     report.settings_restored = bool(client.set(keys.settings, encode_run_settings(stored), nx=True))
     try:
