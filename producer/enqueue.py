@@ -45,7 +45,7 @@ from producer.fingerprints import (
     content_digest,
     fingerprint_bucket,
 )
-from producer.rows import RejectedRow
+from producer.rows import RejectedRow, rejection_key
 from workers.codec import encode_blob
 from workers.jsonl_io import to_jsonl
 from workers.keys import RUNS_KEY, RunKeys
@@ -72,11 +72,6 @@ class StoredRejection(Record, frozen=True):
 
     source: str
     rejected: RejectedRow
-
-
-def rejection_key(source: str, rejected: RejectedRow) -> str:
-    """The field of the run's `rejected` hash: one per row of one input."""
-    return f"{source}|{rejected.file}|{rejected.row}"
 
 
 @dataclass

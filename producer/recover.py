@@ -16,7 +16,6 @@ import msgspec
 import redis
 
 from inference.records import DeadLetter
-from producer.enqueue import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.fingerprints import EnqueueNote, Fingerprint, fingerprint_bucket
 from producer.output_record import (
@@ -24,6 +23,7 @@ from producer.output_record import (
     read_enqueued_chunks,
     read_rejections,
 )
+from producer.rows import rejection_key
 from workers.errors import ObjectMissing
 from workers.keys import RUNS_KEY, RunKeys
 from workers.ledger import RunLedger

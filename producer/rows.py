@@ -78,6 +78,16 @@ class RejectedRow(Record, frozen=True, kw_only=True):
         return f"{row_place(self.row, self.file)}: {self.reason}"
 
 
+def rejection_key(source: str, rejected: RejectedRow) -> str:
+    """The field of the run's `rejected` hash: one per row of one input."""
+    return f"{source}|{rejected.file}|{rejected.row}"
+
+
+def rejection_source(field: str, rejected: RejectedRow) -> str:
+    """The input a `rejected` hash field names (the inverse of rejection_key)."""
+    return field.removesuffix(f"|{rejected.file}|{rejected.row}")
+
+
 class _Rejection(Exception):
     """Internal: carries a rejection reason out of the nested checks."""
 

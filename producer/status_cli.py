@@ -19,7 +19,7 @@ from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record, row_place
 from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
-from producer.rows import RejectedRow
+from producer.rows import RejectedRow, rejection_source
 from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
@@ -146,8 +146,7 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
     rejected: list[ListedRejection] = []
     for field, raw in client.hscan_iter(keys.rejected, count=REJECTS_SCAN_COUNT):
         row = msgspec.json.decode(raw, type=RejectedRow)
-        source = field.decode().removesuffix(f"|{row.file}|{row.row}")
-        rejected.append(_listed(source, row))
+        rejected.append(_listed(rejection_source(field.decode(), row), row))
     dead = [
         msgspec.json.decode(raw, type=DeadLetter)
         for _, raw in client.hscan_iter(keys.dead, count=REJECTS_SCAN_COUNT)
