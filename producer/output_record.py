@@ -41,14 +41,19 @@ def _checked(store: ObjectStore, key: str, sha256: str | None, record: Committed
     return data
 
 
-def read_committed(store: ObjectStore, on_entry: Callable[[int, int], None] | None = None) -> CommittedRecord:
+def read_committed(
+    store: ObjectStore,
+    on_entry: Callable[[int, int], None] | None = None,
+    *,
+    completions: bool = True,
+) -> CommittedRecord:
     """Every committed part's prompt ids and dead letters, checksums checked; `on_entry(done, total)`
-    after each manifest entry."""
+    after each manifest entry. With `completions=False`, the dead letters only: no data part is read."""
     from workers.parquet_io import prompt_ids_in  # pyarrow only where a part is read
 
     record = CommittedRecord(entries=read_manifest(store))
     for done, entry in enumerate(record.entries, start=1):
-        if entry.key is not None:
+        if completions and entry.key is not None:
             data = _checked(store, entry.key, entry.sha256, record)
             if data is not None:
                 record.completed.update(prompt_ids_in(data))

@@ -156,11 +156,11 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
 
 def rejects_from_output(output_url: str, run: str) -> RejectsListing:
     """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
-    from producer.output_record import read_committed, read_rejections  # pyarrow: only for this listing
+    from producer.output_record import read_committed, read_rejections
 
     store = open_store(normalise_output_url(output_url))
     rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]
-    return _sorted_listing(run, rejected, list(read_committed(store).dead.values()))
+    return _sorted_listing(run, rejected, list(read_committed(store, completions=False).dead.values()))
 
 
 def _sorted_listing(run: str, rejected: list[ListedRejection], dead: list[DeadLetter]) -> RejectsListing:
