@@ -8,7 +8,7 @@ import math
 import os
 import socket
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,17 +187,20 @@ POSITIVE = frozenset(
 )
 
 
+def _fields(cls: type[Any], prefix: str) -> Iterator[tuple[str, str, Any, bool]]:
+    """Each field's name, variable and type, and whether it is a nested group (its own prefix)."""
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        hint = hints[item.name]
+        group = isinstance(hint, type) and dataclasses.is_dataclass(hint)
+        yield item.name, prefix + item.name.upper(), hint, group
+
+
 def _field_variables(cls: type[Any], prefix: str) -> list[str]:
     """The variable of each field, nested dataclasses' fields under their own prefix."""
-    hints = typing.get_type_hints(cls)
     names: list[str] = []
-    for item in dataclasses.fields(cls):
-        variable = prefix + item.name.upper()
-        hint = hints[item.name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            names.extend(_field_variables(hint, variable + "_"))
-        else:
-            names.append(variable)
+    for _name, variable, hint, group in _fields(cls, prefix):
+        names.extend(_field_variables(hint, variable + "_") if group else [variable])
     return names
 
 
@@ -222,17 +225,12 @@ def check_environment(env: Mapping[str, str]) -> None:
 
 def _field_values(cls: type[Any], env: Mapping[str, str], prefix: str) -> dict[str, Any]:
     """The fields whose variable is set (and not empty), parsed to the field's type."""
-    hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    for item in dataclasses.fields(cls):
-        variable = prefix + item.name.upper()
-        hint = hints[item.name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            values[item.name] = hint(**_field_values(hint, env, variable + "_"))
-            continue
-        text = env.get(variable)
-        if text:
-            values[item.name] = _parsed(variable, text, hint)
+    for name, variable, hint, group in _fields(cls, prefix):
+        if group:
+            values[name] = hint(**_field_values(hint, env, variable + "_"))
+        elif env.get(variable):
+            values[name] = _parsed(variable, env[variable], hint)
     return values
 
 
