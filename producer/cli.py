@@ -13,7 +13,6 @@ from inference.exit_codes import EXIT_INTERRUPTED
 from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error
-from producer.gc import DEFAULT_MIN_ORPHAN_AGE_S
 from producer.run_access import chosen_redis_url
 from producer.settings import ProducerSettings
 from workers.errors import WorkerError
@@ -106,14 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(handler=Deferred("producer.commands", "cmd_verify"))
 
-    gc = commands.add_parser("gc", help="remove objects no manifest entry names")
-    gc.add_argument("--run", required=True)
-    gc.add_argument(
-        "--min-age-s",
-        type=float,
-        default=DEFAULT_MIN_ORPHAN_AGE_S,
-        help="leave younger orphans alone: a flush may be mid-commit (default 3600)",
+    gc = commands.add_parser(
+        "gc", help="remove the objects of committed parts that their manifest entry does not name"
     )
+    gc.add_argument("--run", required=True)
     gc.add_argument("--dry-run", action="store_true")
     gc.set_defaults(handler=Deferred("producer.commands", "cmd_gc"))
     recover = commands.add_parser(

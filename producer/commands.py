@@ -67,11 +67,14 @@ def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:
 def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     pinned = require_run(client, check_run_name(args.run))
-    report = collect_orphans(open_store(pinned.output_url), min_age_s=args.min_age_s, dry_run=args.dry_run)
+    report = collect_orphans(open_store(pinned.output_url), dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(report.removed)} orphans ({report.bytes_removed} bytes)")
     for key in report.removed:
         print(f"  {key}")
-    if report.kept_young:
-        print(f"kept {len(report.kept_young)} orphans younger than {args.min_age_s:.0f} s (maybe mid-commit)")
+    if report.kept_uncommitted:
+        print(
+            f"kept {len(report.kept_uncommitted)} objects of parts not committed yet "
+            "(a flush may still commit them)"
+        )
     return EXIT_OK

@@ -51,7 +51,8 @@ from workers.jsonl_io import to_jsonl
 from workers.keys import RUNS_KEY, RunKeys
 from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.object_store import ObjectStore
-from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, ORPHANED, Scripts
+from workers.periodic import PeriodicThread
+from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts
 from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ log = logging.getLogger(__name__)
 Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each batch's message
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 SESSION_TTL_S = 24 * 3600
-ENQUEUE_LEASE_S = 60  # renewed per chunk; a crashed enqueue blocks the next one this long at most
+ENQUEUE_LEASE_S = 60  # a crashed enqueue blocks the next one this long at most
+ENQUEUE_RENEW_S = 20.0  # renewed this often while the enqueue lives, however long a chunk's writes take
 MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
@@ -196,11 +198,21 @@ class Enqueuer:
             f"(a crashed one stops blocking within {ENQUEUE_LEASE_S} s), then run this again"
         )
 
+    def _renew_lease(self) -> None:
+        """Keep the lease while a chunk's writes take long (a slow object store); a lease lost anyway
+        (the process froze) makes the next claim refuse."""
+        self._scripts.extend_lock(
+            keys=[self.keys.enqueue_lock], args=[self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
+        )
+
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
         """Store and publish every new prompt. Publishing a chunk overlaps reading the next ones.
-        Ctrl-C ends it at a chunk boundary with `report.interrupted` set (see the module docstring)."""
+        Ctrl-C ends it at a chunk boundary with `report.interrupted` set (see the module docstring).
+        Raises EnqueueBusy when another enqueue of the run holds its lease, or took it over."""
         report = EnqueueReport()
         self._hold_lease()
+        renewer = PeriodicThread("draftgen-enqueue-lease", ENQUEUE_RENEW_S, self._renew_lease)
+        renewer.start()
         try:
             # With no batch open, nothing carries a prompt the run holds but has not finished: it was
             # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
@@ -215,6 +227,7 @@ class Enqueuer:
         except KeyboardInterrupt:
             report.interrupted = True
         finally:
+            renewer.stop()
             self.client.delete(self.session_key)
             self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
         return report
@@ -265,12 +278,27 @@ class Enqueuer:
             )
             self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), msgspec.json.encode(record))
         self._remember_fingerprints(fingerprints)
-        keys = [self.keys.enqueued, self.session_key, self.keys.unpublished, self.keys.open_batches]
-        args: list[str | bytes | int] = [ids, SESSION_TTL_S]
+        keys = [
+            self.keys.enqueued,
+            self.session_key,
+            self.keys.unpublished,
+            self.keys.open_batches,
+            self.keys.enqueue_lock,
+        ]
+        args: list[str | bytes | int] = [ids, SESSION_TTL_S, self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
         for batch in batches:
             keys.append(self.keys.batch(batch.batch_id))
             args += [encode_blob(batch), batch.batch_id]
-        self._scripts.claim(keys=keys, args=args)
+        try:
+            self._scripts.claim(keys=keys, args=args)
+        except redis.ResponseError as error:
+            if LOCK_LOST not in str(error):
+                raise
+            raise EnqueueBusy(
+                f"this enqueue of run {self.settings.run!r} lost its lease while it waited (another "
+                f"enqueue may have taken over); it stopped before claiming {len(new)} prompts, and "
+                "what it enqueued before stays: run the same command again to add the rest"
+            ) from error
         report.new += len(new)
         report.batches += len(batches)
         return [batch.batch_id for batch in batches]

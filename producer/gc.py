@@ -1,37 +1,44 @@
-"""Remove orphans: objects under `data/` or `dead/` that no manifest entry names (interrupted flushes)."""
+"""Remove orphans: objects under `data/` or `dead/` of a committed part that its manifest entry does not name.
+
+A flush writes part N's objects, then creates `manifest/part-N.json` only if absent (the commit point).
+Once that entry exists it never changes, so an object of part N it does not name can never be
+committed: it is an orphan of a flush that lost the race or died, and is removed. An object of a part
+with no entry yet is left alone however old it is: a flush retried hours later writes the same key
+again and commits it, and deleting it from a listing taken before that commit would break the part.
+"""
 
 from __future__ import annotations
 
-import time
+import re
 from dataclasses import dataclass, field
 from itertools import chain
 
-from workers.manifest import DATA_PREFIX, DEAD_PREFIX, completion_keys, read_manifest
+from workers.manifest import DATA_PREFIX, DEAD_PREFIX, read_manifest
 from workers.object_store import ObjectStore
 
-# A flush writes its object moments before its manifest entry; younger objects may be mid-commit.
-DEFAULT_MIN_ORPHAN_AGE_S = 3600.0
+PART_OF_KEY = re.compile(r"^(?:data|dead)/part-(\d+)-")
 
 
 @dataclass
 class GcReport:
     removed: list[str] = field(default_factory=list)
-    kept_young: list[str] = field(default_factory=list)
+    kept_uncommitted: list[str] = field(default_factory=list)  # their part has no entry yet
     bytes_removed: int = 0
 
 
-def collect_orphans(
-    store: ObjectStore, *, min_age_s: float = DEFAULT_MIN_ORPHAN_AGE_S, dry_run: bool = False
-) -> GcReport:
-    entries = read_manifest(store)
-    referenced = set(completion_keys(entries)) | {entry.dead.key for entry in entries if entry.dead}
+def collect_orphans(store: ObjectStore, *, dry_run: bool = False) -> GcReport:
+    named = {
+        entry.part: {key for key in (entry.key, entry.dead.key if entry.dead else None) if key}
+        for entry in read_manifest(store)
+    }
     report = GcReport()
-    now = time.time()
     for info in chain(store.list(DATA_PREFIX), store.list(DEAD_PREFIX)):
-        if info.key in referenced:
+        found = PART_OF_KEY.match(info.key)
+        part = int(found.group(1)) if found else None
+        if part is None or part not in named:
+            report.kept_uncommitted.append(info.key)
             continue
-        if now - info.modified_at < min_age_s:
-            report.kept_young.append(info.key)
+        if info.key in named[part]:
             continue
         if not dry_run:
             store.delete(info.key)

@@ -73,9 +73,13 @@ def _progress(status: RunStatus) -> RenderableType:
         Text(f"{progress.committed:,} / {progress.enqueued:,} committed"),
         Text(percent(progress.committed_fraction), style="bold"),
     )
+    dead = f"dead-lettered {progress.dead_lettered:,}"
+    if progress.dead_pending:
+        dead += f" ({progress.dead_pending:,} awaiting upload)"
+    open_batches = f" · open batches {progress.open_batches:,}" if progress.remaining <= 0 else ""
     details = Text(
-        f"staged, awaiting upload {progress.staged:,} · dead-lettered {progress.dead_lettered:,} · "
-        f"rejected rows {progress.rejected_rows:,} · still to generate {progress.remaining:,}"
+        f"staged, awaiting upload {progress.staged:,} · {dead} · "
+        f"rejected rows {progress.rejected_rows:,} · still to generate {progress.remaining:,}{open_batches}"
     )
     return Group(line, details)
 

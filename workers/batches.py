@@ -151,8 +151,16 @@ def _settle(
     if tripped:
         log.error("run %s paused by the quality gate: %s", run, tripped)
     if outcome.unreachable:
-        return _hand_back(ctx, lease, outcome)
-    ctx.leases.finish(lease)
+        delay_s = HAND_BACK_NOW_S if ctx.stopping.is_set() else ctx.settings.server_down_retry_s
+        why = (
+            f"{len(outcome.unreachable)} prompts got no answer from {ctx.settings.server_url} "
+            f"({outcome.last_error})"
+        )
+        return _hand_back(ctx, lease, why, delay_s=delay_s)
+    unsettled = ctx.leases.finish(lease, [p.id for p in batch.prompts])
+    if unsettled:
+        why = f"Redis holds no hand-over of {len(unsettled)} prompts (it lost its last writes)"
+        return _hand_back(ctx, lease, why, delay_s=HAND_BACK_NOW_S)
     report = BatchReport(
         lease.batch_id,
         prompts=len(batch.prompts),
@@ -181,24 +189,20 @@ def _settle_tail(
     except Exception as error:
         ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
         try:
-            _count_failure(ctx, run, batch_id, error)
+            report = _count_failure(ctx, run, batch_id, error)
         except RetryLater as retry:
             ctx.dispatch_generate(run, batch_id, countdown_s=retry.delay_s)
-        return
+            return
     if report.handed_over:
         ctx.dispatch_flush(run)
 
 
-def _hand_back(ctx: WorkerContext, lease: Lease, outcome: BatchOutcome) -> BatchReport:
-    """Some prompts got no answer: the batch comes back later, unless another execution has it now."""
-    delay_s = HAND_BACK_NOW_S if ctx.stopping.is_set() else ctx.settings.server_down_retry_s
+def _hand_back(ctx: WorkerContext, lease: Lease, why: str, *, delay_s: float) -> BatchReport:
+    """Some prompts are still to generate: the batch comes back in `delay_s`, unless another execution
+    has it now."""
     if not ctx.leases.release(lease, delay_s=delay_s):
         return _nothing(lease.batch_id, "taken over by another worker")
-    raise RetryLater(
-        f"batch {lease.batch_id}: {len(outcome.unreachable)} prompts got no answer from "
-        f"{ctx.settings.server_url} ({outcome.last_error})",
-        delay_s=delay_s,
-    )
+    raise RetryLater(f"batch {lease.batch_id}: {why}", delay_s=delay_s)
 
 
 def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -> int:
@@ -220,7 +224,9 @@ def dead_letter_batch(ctx: WorkerContext, run: str, batch_id: str, error: str) -
         for p in ledger.pending(batch.prompts)
     ]
     count = sum(ledger.dead_letter(letter) for letter in letters)
-    finish_batch(ctx.redis, run, batch_id)
+    unsettled = finish_batch(ctx.redis, run, batch_id, [p.id for p in batch.prompts])
+    if unsettled:  # Redis lost the letters just written: the reconciler dispatches the batch again
+        log.warning("batch %s of run %s: %d dead letters lost by Redis", batch_id, run, len(unsettled))
     log.error(
         "batch %s of run %s: %d prompts dead-lettered after repeated failures: %s",
         batch_id,

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -142,10 +142,14 @@ class LeaseKeeper:
             with self._lock:
                 self._releases_due[lease] = delay_s
 
-    def finish(self, lease: Lease) -> None:
-        """Every prompt is handed over: the batch and its lease go."""
-        self._forget(lease)
-        finish_batch(self._client, lease.run, lease.batch_id, self._scripts)
+    def finish(self, lease: Lease, prompt_ids: Sequence[str]) -> list[str]:
+        """Every prompt is handed over: the batch and its lease go. Returns the prompts Redis does not
+        hold as handed over (it lost its last writes): then nothing went, and the batch is to be
+        handed back."""
+        unsettled = finish_batch(self._client, lease.run, lease.batch_id, prompt_ids, self._scripts)
+        if not unsettled:
+            self._forget(lease)
+        return unsettled
 
     def abandon(self, lease: Lease) -> None:
         """Stop renewing without a word to Redis: the lease runs out and the reconciler takes it back."""
@@ -207,13 +211,31 @@ class LeaseKeeper:
         self._renewer.stop()
 
 
-def finish_batch(client: redis.Redis, run: str, batch_id: str, scripts: Scripts | None = None) -> None:
-    """The batch is done (or given up): its prompts, lease, place among open batches and failures go."""
+def finish_batch(
+    client: redis.Redis,
+    run: str,
+    batch_id: str,
+    prompt_ids: Sequence[str],
+    scripts: Scripts | None = None,
+) -> list[str]:
+    """The batch is done (or given up): its prompts, lease, place among open batches and failures go,
+    once Redis holds every one of `prompt_ids` as staged, committed or dead. Returns those it does not
+    (and then changes nothing)."""
     keys = RunKeys(run)
-    (scripts or Scripts.register(client)).finish_batch(
-        keys=[keys.batch(batch_id), keys.open_batches, keys.leases, keys.lease_owners, keys.batch_failures],
-        args=[batch_id],
+    unsettled = (scripts or Scripts.register(client)).finish_batch(
+        keys=[
+            keys.batch(batch_id),
+            keys.open_batches,
+            keys.leases,
+            keys.lease_owners,
+            keys.batch_failures,
+            keys.done,
+            keys.staged,
+            keys.dead,
+        ],
+        args=[batch_id, *prompt_ids],
     )
+    return [raw.decode() for raw in unsettled]
 
 
 def defer_batch(client: redis.Redis, run: str, batch_id: str, delay_s: float) -> bool:

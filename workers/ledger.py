@@ -118,27 +118,38 @@ class RunLedger:
         part: int,
         manifest_entry: bytes,
         prompt_ids: Sequence[str],
-        dead_ids: Sequence[str] = (),
+        dead_letters: Sequence[DeadLetter] = (),
     ) -> int:
-        """Mark a committed part's prompts done and its dead letters committed, in one atomic step."""
+        """Mark a committed part's prompts done and its dead letters dead and committed, in one atomic
+        step, whatever Redis remembered of them (a Redis that lost its last writes may have forgotten
+        the letters, or the prompt may have been generated again since)."""
         keys = [
-            *self._upload_path_keys(),
+            *self._committed_keys(),
             self.keys.upload_lock,
             self.keys.next_part,
             self.keys.manifest,
-            self.keys.dead_pending,
+            self.keys.stats,
         ]
-        args = [lock_token, part, manifest_entry, len(prompt_ids), *prompt_ids, *dead_ids]
+        args: list[str | bytes | int] = [lock_token, part, manifest_entry, len(prompt_ids), *prompt_ids]
+        for letter in dead_letters:
+            args += [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return int(self._scripts.commit(keys=keys, args=args))
 
     def mark_committed(self, prompt_ids: list[str]) -> int:
         """Record prompts the object store shows committed (recovery); returns how many were not done."""
-        keys = [*self._upload_path_keys(), self.keys.enqueued]
+        keys = [*self._committed_keys(), self.keys.enqueued]
         return int(self._scripts.mark_committed(keys=keys, args=[msgspec.json.encode(prompt_ids)]))
 
-    def _upload_path_keys(self) -> list[str]:
-        """Where a committed prompt is marked and leaves from (the scripts' shared KEYS[1..4])."""
-        return [self.keys.done, self.keys.staged, self.keys.staged_index, self.keys.staged_bytes]
+    def _committed_keys(self) -> list[str]:
+        """Where a committed prompt is marked and what it leaves (the scripts' shared KEYS[1..6])."""
+        return [
+            self.keys.done,
+            self.keys.staged,
+            self.keys.staged_index,
+            self.keys.staged_bytes,
+            self.keys.dead,
+            self.keys.dead_pending,
+        ]
 
     def counts(self) -> RunCounts:
         with self.client.pipeline(transaction=False) as pipe:

@@ -47,20 +47,26 @@ end
 """
 
 # The new ids join the run with the batches that carry them, their outbox entries and their place
-# among the run's open batches (scored by the Redis time they were dispatched).
-# KEYS: enqueued, session, unpublished, open_batches, then one batch key per batch.
-# ARGV: ids (JSON), session TTL in seconds, then per batch: its blob and its id.
+# among the run's open batches (scored by the Redis time they were dispatched). Only while this
+# enqueue still holds the run's enqueue lock (renewed here): an enqueue that stalled past its lock
+# may have been overtaken by another that claimed the same ids, so it claims nothing.
+# KEYS: enqueued, session, unpublished, open_batches, enqueue_lock, then one batch key per batch.
+# ARGV: ids (JSON), session TTL s, lock token, lock lease ms, then per batch: its blob and its id.
+# Returns 1, or the error LOCK_LOST.
+LOCK_LOST = "LOCK_LOST"
 CLAIM = (
     _REDIS_CLOCK
     + """
+if redis.call('GET', KEYS[5]) ~= ARGV[3] then return redis.error_reply('LOCK_LOST') end
+redis.call('PEXPIRE', KEYS[5], ARGV[4])
 for _, id in ipairs(cjson.decode(ARGV[1])) do
   redis.call('SADD', KEYS[1], id)
   redis.call('SADD', KEYS[2], id)
 end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 local now = redis_now()
-for i = 3, #ARGV, 2 do
-  redis.call('SET', KEYS[5 + (i - 3) / 2], ARGV[i])
+for i = 5, #ARGV, 2 do
+  redis.call('SET', KEYS[6 + (i - 5) / 2], ARGV[i])
   redis.call('SADD', KEYS[3], ARGV[i + 1])
   redis.call('ZADD', KEYS[4], now, ARGV[i + 1])
 end
@@ -116,51 +122,64 @@ return 1
 
 # --------------------------------------------------------------------------- upload: commit
 
-# Marking a prompt committed: into `done`, out of the upload path. Shared by COMMIT and MARK_COMMITTED,
-# whose KEYS[1..4] are always done, staged, staged_index, staged_bytes.
-_MARK_DONE = """
-local function mark_done(id)
-  local added = redis.call('SADD', KEYS[1], id)
+# What the manifest says of a prompt wins over what Redis remembers of it: a Redis that lost its last
+# writes may have forgotten a commit, and the prompt generated again since then may be staged or
+# dead-lettered. Shared by COMMIT and MARK_COMMITTED, whose KEYS[1..6] are always done, staged,
+# staged_index, staged_bytes, dead, dead_pending.
+_MARK_COMMITTED_HELPERS = """
+local function leave_upload_path(id)
   local size = redis.call('HSTRLEN', KEYS[2], id)
   if size > 0 then
     redis.call('HDEL', KEYS[2], id)
     redis.call('DECRBY', KEYS[4], size)
   end
   redis.call('ZREM', KEYS[3], id)
-  return added
+  redis.call('ZREM', KEYS[6], id)
+end
+-- committed as a completion: done, and no dead letter of it remains
+local function mark_done(id)
+  leave_upload_path(id)
+  redis.call('HDEL', KEYS[5], id)
+  return redis.call('SADD', KEYS[1], id)
+end
+-- committed as a dead letter: dead (counted under `field` when Redis had forgotten it), nothing staged
+local function mark_dead(id, letter, stats, field)
+  leave_upload_path(id)
+  if redis.call('HSETNX', KEYS[5], id, letter) == 1 then redis.call('HINCRBY', stats, field, 1) end
 end
 """
 
 # Commit one part: only while holding the upload lock, and only for the expected part number.
-# KEYS: done, staged, staged_index, staged_bytes, upload_lock, next_part, manifest, dead_pending.
-# ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids, then the
-# dead-lettered ids the part committed. Returns the number of prompts newly marked done, or an error
-# when the lock or part changed.
+# KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock, next_part, manifest,
+# stats. ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids,
+# then per dead letter the part committed: its prompt id, the letter (JSON) and its stats field.
+# Returns the number of prompts newly marked done, or an error when the lock or part changed.
 COMMIT = (
-    _MARK_DONE
+    _MARK_COMMITTED_HELPERS
     + """
-if redis.call('GET', KEYS[5]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
-local part = tonumber(redis.call('GET', KEYS[6]) or '0')
+if redis.call('GET', KEYS[7]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local part = tonumber(redis.call('GET', KEYS[8]) or '0')
 if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
 local completed = tonumber(ARGV[4])
 local newly = 0
 for i = 5, 4 + completed do newly = newly + mark_done(ARGV[i]) end
-for i = 5 + completed, #ARGV do redis.call('ZREM', KEYS[8], ARGV[i]) end
-redis.call('RPUSH', KEYS[7], ARGV[3])
-redis.call('SET', KEYS[6], part + 1)
+for i = 5 + completed, #ARGV, 3 do mark_dead(ARGV[i], ARGV[i + 1], KEYS[10], ARGV[i + 2]) end
+redis.call('RPUSH', KEYS[9], ARGV[3])
+redis.call('SET', KEYS[8], part + 1)
 return newly
 """
 )
 
 # Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
-# and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, enqueued.
+# and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, dead,
+# dead_pending, enqueued.
 MARK_COMMITTED = (
-    _MARK_DONE
+    _MARK_COMMITTED_HELPERS
     + """
 local newly = 0
 for _, id in ipairs(cjson.decode(ARGV[1])) do
   newly = newly + mark_done(id)
-  redis.call('SADD', KEYS[5], id)
+  redis.call('SADD', KEYS[7], id)
 end
 return newly
 """
@@ -213,18 +232,19 @@ return 'acquired'
 )
 
 # KEYS: leases, lease_owners, then each renewed batch's key. ARGV: TTL s, then per batch: id, owner,
-# holder (JSON). A lease still ours is extended; one nobody holds any more (it ran out and was not yet
-# taken back) is taken again; one another execution holds, or whose batch is gone, is lost.
-# Returns the ids of the lost ones.
+# holder (JSON). A lease still ours (even one that ran out and was not yet taken back) is extended.
+# Any other is lost: another execution holds it, the reconciler took it back, it was handed back (a
+# hand-back may land between the renewer's reading of its leases and this call: taking the lease
+# again would strand the batch's retry as `held`), or the batch is gone. Returns the ids of the lost.
 RENEW_LEASES = (
     _LEASE_HELPERS
     + """
 local lost = {}
 for i = 2, #ARGV, 3 do
   local id, mine = ARGV[i], ARGV[i + 1]
-  local owner, expiry = holder_of(KEYS[1], KEYS[2], id)
+  local owner = holder_of(KEYS[1], KEYS[2], id)
   local batch_key = KEYS[3 + (i - 2) / 3]
-  if owner == mine or (not (owner and expiry > now) and redis.call('EXISTS', batch_key) == 1) then
+  if owner == mine and redis.call('EXISTS', batch_key) == 1 then
     redis.call('HSET', KEYS[2], id, ARGV[i + 2])
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
   else
@@ -251,15 +271,28 @@ return 1
 """
 )
 
-# Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go.
-# KEYS: batch, open_batches, leases, lease_owners, batch_failures. ARGV: batch id.
+# Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go. Only
+# on Redis's word, not the worker's: a Redis that lost its last second of writes may have forgotten a
+# hand-over the worker saw acknowledged, and a batch deleted then would strand that prompt for good.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done, staged, dead.
+# ARGV: batch id, then the batch's prompt ids. Returns the ids neither done, staged nor dead: when
+# there are any, nothing is changed and the caller hands the batch back.
 FINISH_BATCH = """
+local unsettled = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call('SISMEMBER', KEYS[6], id) == 0 and redis.call('HEXISTS', KEYS[7], id) == 0
+      and redis.call('HEXISTS', KEYS[8], id) == 0 then
+    table.insert(unsettled, id)
+  end
+end
+if #unsettled > 0 then return unsettled end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
-return 1
+return unsettled
 """
 
 # --------------------------------------------------------------------------- reconciliation

@@ -9,8 +9,8 @@ One pass, for every run:
    on failure while Redis was away, a retry whose publish failed. The queue is read only while it is
    short (`max_scanned_messages`); while it is long such a batch waits for it to shorten, long before
    the run ends.
-3. Staged completions older than the upload age, or left once nothing else remains, get a flush
-   message: the uploader commits without waiting for a batch to finish.
+3. Staged completions and dead letters older than the upload age, or left once nothing else remains,
+   get a flush message: the uploader commits without waiting for a batch to finish.
 
 Every generate and upload worker runs passes (workers/reconciler_step.py); a Redis key lets one pass
 run per interval across the fleet. Dispatching twice is harmless: the lease of the first delivery
@@ -188,11 +188,16 @@ class Reconciler:
         return len(chosen)
 
     def _flush_if_due(self, run: str) -> int:
+        """A flush for completions or dead letters awaiting upload that are old, or that nothing else
+        will flush: the last batch of a run may end in dead letters only."""
         keys = RunKeys(run)
-        oldest = self._client.zrange(keys.staged_index, 0, 0, withscores=True)
+        with self._client.pipeline(transaction=False) as pipe:
+            pipe.zrange(keys.staged_index, 0, 0, withscores=True)
+            pipe.zrange(keys.dead_pending, 0, 0, withscores=True)
+            oldest = [score for found in pipe.execute() for _member, score in found]
         if not oldest:
             return 0
-        age_s = redis_now_s(self._client) - oldest[0][1]
+        age_s = redis_now_s(self._client) - min(oldest)
         if age_s < self._settings.upload_max_age_s and not self._drained(keys):
             return 0
         self._dispatch.flush(run)

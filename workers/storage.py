@@ -67,8 +67,20 @@ class FolderStore:
             os.fsync(handle.fileno())
         return temp
 
+    @staticmethod
+    def _sync_folder(path: Path) -> None:
+        """A rename or link is durable only once its folder is synced: without this a power cut may
+        forget a manifest entry whose commit Redis already recorded."""
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def put(self, key: str, data: bytes) -> None:
-        os.replace(self._write_temp(key, data), self._path(key))
+        path = self._path(key)
+        os.replace(self._write_temp(key, data), path)
+        self._sync_folder(path)
 
     def put_file(self, key: str, path: Path) -> None:
         """The file's content under `key`, appearing whole or not at all."""
@@ -78,6 +90,7 @@ class FolderStore:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, self._path(key))
+        self._sync_folder(self._path(key))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         temp = self._write_temp(key, data)
@@ -87,6 +100,7 @@ class FolderStore:
             return False
         finally:
             temp.unlink()
+        self._sync_folder(self._path(key))
         return True
 
     def get(self, key: str) -> bytes:

@@ -62,7 +62,6 @@ class FlushReport:
 class Selection:
     prompt_ids: list[str]
     blobs: list[bytes]
-    dead_ids: list[str]
     dead_letters: list[DeadLetter]
 
 
@@ -126,7 +125,7 @@ class Uploader:
         ]
         if not chosen_ids and not letters:
             return None
-        return Selection(chosen_ids, chosen_blobs, [letter.prompt_id for letter in letters], letters)
+        return Selection(chosen_ids, chosen_blobs, letters)
 
     def _completions(self, staged_key: str, ids: list[str]) -> tuple[list[str], list[bytes]]:
         """The oldest staged completions that fit the byte budget (at least one)."""
@@ -179,7 +178,7 @@ class Uploader:
             )
             store.put(dead_ref.key, dead_data)
             entry = msgspec.structs.replace(entry, dead=dead_ref)
-        prompt_ids, dead_ids = selection.prompt_ids, selection.dead_ids
+        prompt_ids, dead_letters = selection.prompt_ids, selection.dead_letters
         if not store.put_if_absent(manifest_key(part), encode_entry(entry)):
             entry = decode_entry(store.get(manifest_key(part)))
             if entry.run and entry.run != run:
@@ -187,7 +186,7 @@ class Uploader:
                     f"{store.url} part {part} was committed by run {entry.run!r}, not {run!r}: "
                     f"an output belongs to one run; nothing of run {run!r} is committed there"
                 )
-            prompt_ids, dead_ids = ids_in_part(store, entry)
+            prompt_ids, dead_letters = records_in_part(store, entry)
             report.adopted_parts += 1
             log.warning("run %s part %d was committed by an interrupted flush; adopting it", run, part)
         try:
@@ -196,7 +195,7 @@ class Uploader:
                 part=part,
                 manifest_entry=encode_entry(entry),
                 prompt_ids=prompt_ids,
-                dead_ids=dead_ids,
+                dead_letters=dead_letters,
             )
         except redis.ResponseError as error:
             raise UploadLockLost(
@@ -227,12 +226,8 @@ class Uploader:
             self._servers_written.add((store.url, identity))
 
 
-def ids_in_part(store: ObjectStore, entry: ManifestEntry) -> tuple[list[str], list[str]]:
-    """The prompt ids a committed part holds: completed ones, then dead-lettered ones."""
+def records_in_part(store: ObjectStore, entry: ManifestEntry) -> tuple[list[str], list[DeadLetter]]:
+    """What a committed part holds: the ids of its completions, and its dead letters."""
     completed = prompt_ids_in(store.get(entry.key)) if entry.key is not None else []
-    dead = (
-        [letter.prompt_id for letter in from_jsonl(store.get(entry.dead.key), DeadLetter)]
-        if entry.dead is not None
-        else []
-    )
+    dead = from_jsonl(store.get(entry.dead.key), DeadLetter) if entry.dead is not None else []
     return completed, dead

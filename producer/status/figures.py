@@ -40,6 +40,7 @@ STATE_WAITING = "waiting for the first completion"
 STATE_RUNNING = "running"
 STATE_PAUSED = "paused"
 STATE_UPLOADING = "generated; uploading the rest"
+STATE_DRAINING = "generated; closing its last batches"
 STATE_FINISHED = "finished"
 
 
@@ -262,10 +263,13 @@ def gate_figures(reading: GateReading, settings: RunSettings) -> GateFigures:
 
 
 def run_state(progress: Progress, *, completions: int, paused: bool) -> str:
+    """`finished` only once every prompt is in the output: committed, or dead-lettered and committed."""
     if paused:
         return STATE_PAUSED
     if progress.enqueued > 0 and progress.remaining <= 0:
-        return STATE_FINISHED if progress.staged == 0 else STATE_UPLOADING
+        if progress.staged or progress.dead_pending:
+            return STATE_UPLOADING
+        return STATE_DRAINING if progress.open_batches else STATE_FINISHED
     return STATE_RUNNING if completions > 0 or progress.committed or progress.dead_lettered else STATE_WAITING
 
 
@@ -292,12 +296,23 @@ def token_ids_warning(counters: Mapping[str, int]) -> str | None:
     )
 
 
-def make_progress(*, enqueued: int, committed: int, staged: int, dead: int, rejected: int) -> Progress:
+def make_progress(
+    *,
+    enqueued: int,
+    committed: int,
+    staged: int,
+    dead: int,
+    rejected: int,
+    dead_pending: int = 0,
+    open_batches: int = 0,
+) -> Progress:
     return Progress(
         enqueued=enqueued,
         committed=committed,
         staged=staged,
         dead_lettered=dead,
+        dead_pending=dead_pending,
+        open_batches=open_batches,
         rejected_rows=rejected,
         remaining=max(0, enqueued - committed - staged - dead),
         committed_fraction=committed / enqueued if enqueued else 0.0,

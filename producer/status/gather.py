@@ -8,6 +8,7 @@ from producer.run_access import require_run
 from producer.status.figures import (
     MS_PER_S,
     RATE_WINDOW_S,
+    STATE_DRAINING,
     STATE_FINISHED,
     STATE_UPLOADING,
     dead_letters_by_reason,
@@ -86,12 +87,20 @@ def gather_status(
         pipe.xrange(keys.events, min=str(int((now - RATE_WINDOW_S) * MS_PER_S)), max="+")
         pipe.xrange(keys.events, min="-", max="+", count=1)
         pipe.xrevrange(keys.events, max="+", min="-", count=GPU_SAMPLE_EVENTS)
+        pipe.zcard(keys.dead_pending)
+        pipe.zcard(keys.open_batches)
         replies = pipe.execute()
     enqueued, committed, staged, dead, rejected, stats_raw, staged_bytes, oldest = replies[:8]
-    manifest, window_raw, oldest_raw, recent_raw = replies[8:]
+    manifest, window_raw, oldest_raw, recent_raw, dead_pending, open_batches = replies[8:]
     counters = parse_counters(stats_raw)
     progress = make_progress(
-        enqueued=enqueued, committed=committed, staged=staged, dead=dead, rejected=rejected
+        enqueued=enqueued,
+        committed=committed,
+        staged=staged,
+        dead=dead,
+        rejected=rejected,
+        dead_pending=dead_pending,
+        open_batches=open_batches,
     )
     recent_events = parse_events(recent_raw)
     oldest_events = parse_events(oldest_raw)
@@ -101,7 +110,8 @@ def gather_status(
     last_completion = recent_events[0].at_s if recent_events else None
     paused = pause_state(client, run)
     state = run_state(progress, completions=counters.get(COMPLETIONS, 0), paused=paused is not None)
-    ended = last_completion if state in (STATE_FINISHED, STATE_UPLOADING) and last_completion else now
+    generated = (STATE_FINISHED, STATE_UPLOADING, STATE_DRAINING)
+    ended = last_completion if state in generated and last_completion else now
     window = recent_window_s(now, started)
     window_events = events_in_window(parse_events(window_raw), now_s=now, window_s=window)
     last_minute = window_rates(window_events, now_s=now, window_s=window)

@@ -14,6 +14,8 @@ class Progress(Record, frozen=True):
     rejected_rows: int  # refused at enqueue, never part of `enqueued`
     remaining: int  # still to generate
     committed_fraction: float
+    dead_pending: int = 0  # dead letters not yet committed to the output
+    open_batches: int = 0  # batches not finished yet (generating, queued, or handed back)
 
 
 class Rates(Record, frozen=True):

@@ -132,7 +132,7 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     committed = {entry.key for entry in read_manifest(store)}
     orphans = written_before_kill - committed
     assert orphans
-    report = collect_orphans(store, min_age_s=0)
+    report = collect_orphans(store)
     assert set(report.removed) == orphans
     assert stack.verify(run).returncode == 0
 

@@ -197,7 +197,7 @@ def test_staged_completions_get_a_flush_once_nothing_is_left_to_generate(
     RunLedger(redis_client, RUN).stage(completion("p0"))
     keeper = LeaseKeeper(redis_client, worker="gpu0")
     _, lease = keeper.acquire(RUN, batch)
-    keeper.finish(lease)
+    keeper.finish(lease, ["p0"])
     dispatcher = RecordingDispatcher()
     # When the reconciler passes, then it asks the uploader to flush the run
     assert reconciler(redis_client, dispatcher).reconcile_all().flushes == 1

@@ -155,7 +155,7 @@ def test_a_flush_interrupted_after_its_manifest_entry_is_adopted_not_repeated(
     assert result.ok, result
     assert result.committed == 3
     # and the object the second flush wrote for part 0 is an orphan that gc removes
-    orphans = collect_orphans(store, min_age_s=0)
+    orphans = collect_orphans(store)
     assert len(orphans.removed) == 1 and orphans.removed[0].startswith("data/part-000000-")
 
 

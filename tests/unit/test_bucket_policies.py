@@ -243,7 +243,8 @@ def test_a_manifest_entry_written_without_if_none_match_is_refused_to_everyone()
 
 
 def test_gc_removes_orphans_as_its_code_does_and_only_gc_may() -> None:
-    committed, orphan, dead_orphan = data_key(0, SHA), data_key(1, SHA), dead_key(1, SHA)
+    other = "f" * len(SHA)  # a flush of part 0 that lost to the one its entry names
+    committed, orphan, dead_orphan = data_key(0, SHA), data_key(0, other), dead_key(0, other)
     objects = {
         f"{RUN_PREFIX}/{manifest_key(0)}": entry(0, committed),
         f"{RUN_PREFIX}/{committed}": b"parquet",
@@ -251,7 +252,7 @@ def test_gc_removes_orphans_as_its_code_does_and_only_gc_may() -> None:
         f"{RUN_PREFIX}/{dead_orphan}": b"jsonl",
     }
     s3 = RecordingS3(BUCKET, objects)
-    report = collect_orphans(run_store(s3), min_age_s=0)
+    report = collect_orphans(run_store(s3))
     assert sorted(report.removed) == sorted([orphan, dead_orphan])
     assert [request for request in s3.requests if not allowed(request, "gc")] == []
     deletes = [request for request in s3.requests if request.action == "s3:DeleteObject"]

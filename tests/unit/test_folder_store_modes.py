@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +60,24 @@ def test_an_output_folder_with_a_space_in_its_name_is_written_where_it_is_named(
     store.put("run.json", b"{}")
     assert (folder / "run.json").read_bytes() == b"{}"
     assert not list(tmp_path.glob("*%20*"))
+
+
+def test_a_manifest_entry_survives_a_power_cut_once_written_because_its_folder_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced_folders: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced_folders.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store = FolderStore(tmp_path)
+
+    assert store.put_if_absent("manifest/part-000000.json", b"{}")
+    store.put("data/part-000000-abc.parquet", b"rows")
+
+    assert str(tmp_path / "manifest") in synced_folders
+    assert str(tmp_path / "data") in synced_folders

@@ -15,6 +15,7 @@ from producer.errors import SettingsError
 from producer.status.figures import (
     MIN_COMPLETIONS_FOR_ETA,
     RATE_WINDOW_S,
+    STATE_DRAINING,
     STATE_FINISHED,
     STATE_PAUSED,
     STATE_RUNNING,
@@ -231,6 +232,17 @@ def test_progress_and_state_follow_the_counts() -> None:
     assert run_state(uploading, completions=100, paused=False) == STATE_UPLOADING
     done = make_progress(enqueued=100, committed=95, staged=0, dead=5, rejected=0)
     assert run_state(done, completions=95, paused=False) == STATE_FINISHED
+
+
+def test_a_run_is_finished_only_once_its_dead_letters_are_committed_and_its_batches_closed() -> None:
+    letters_in_redis_only = make_progress(
+        enqueued=100, committed=95, staged=0, dead=5, rejected=0, dead_pending=5
+    )
+    assert run_state(letters_in_redis_only, completions=95, paused=False) == STATE_UPLOADING
+    batch_still_open = make_progress(
+        enqueued=100, committed=95, staged=0, dead=5, rejected=0, open_batches=1
+    )
+    assert run_state(batch_still_open, completions=95, paused=False) == STATE_DRAINING
 
 
 def test_prompts_left_with_no_generate_message_anywhere_are_flagged_as_stranded() -> None:
