@@ -12,8 +12,23 @@ from dataclasses import dataclass
 
 import redis
 
-SCAN_COUNT = 1000
 NO_EXPIRY = -1
+
+# Every key with its DUMP and its remaining time to live, in one step: nothing changes in between.
+_DUMP_ALL = """
+local out = {}
+local cursor = '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'COUNT', 1000)
+  cursor = page[1]
+  for _, name in ipairs(page[2]) do
+    table.insert(out, name)
+    table.insert(out, redis.call('DUMP', name))
+    table.insert(out, redis.call('PTTL', name))
+  end
+until cursor == '0'
+return out
+"""
 
 
 @dataclass(frozen=True)
@@ -22,18 +37,13 @@ class RedisSnapshot:
 
     @classmethod
     def take(cls, client: redis.Redis) -> RedisSnapshot:
-        names = list(client.scan_iter(count=SCAN_COUNT))
-        with client.pipeline(transaction=True) as pipe:
-            for name in names:
-                pipe.dump(name)
-                pipe.pttl(name)
-            replies = pipe.execute()
-        kept = {
-            name: (payload, ttl)
-            for name, payload, ttl in zip(names, replies[::2], replies[1::2], strict=True)
-            if payload is not None  # expired between the scan and the dump
-        }
-        return cls(kept)
+        flat = client.eval(_DUMP_ALL, 0)
+        return cls(
+            {
+                name: (payload, int(ttl))
+                for name, payload, ttl in zip(flat[::3], flat[1::3], flat[2::3], strict=True)
+            }
+        )
 
     def restore(self, client: redis.Redis) -> None:
         with client.pipeline(transaction=True) as pipe:

@@ -1,0 +1,280 @@
+"""One explored schedule: a fleet, a seed, a fault phase, then a calm phase until the run is finished.
+
+Each action is one of: let a parked step make its Redis call; start a step (a delivery, a retry whose
+countdown is over, a batch tail, a lease renewal, a reconcile pass, a flush, a second enqueue); let
+time pass; or, in the fault phase, a fault: SIGKILL a process between two of its Redis calls, restart
+a dead one, duplicate or lose a queued message, let the visibility timeout restore every unacked
+message, or roll Redis back to its state some actions ago (its last writes lost: a power cut with
+`appendfsync everysec`, a failover to a replica that lagged). The invariants
+(tests/explorer/invariants.py) are checked after every action. Faults go on a while past the run's
+first finish, so that rollbacks undo commits too. Then the calm phase restarts the dead, re-runs
+enqueue if Redis lost prompts an enqueue had claimed (what an operator does after Redis lost writes),
+and works on without faults until the run is finished: a run that never finishes is a failure too (a
+prompt stranded, dead letters never flushed).
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from producer.output_record import read_enqueued_ids
+from tests.explorer.fleet import RUN, EnqueueProcess, Fleet, FleetShape, Snapshot, UploaderProcess, Worker
+from tests.explorer.invariants import Invariants
+from tests.explorer.schedule import Killed, Process, Scheduler
+from workers.keys import RunKeys
+from workers.ledger import RunLedger
+from workers.queues import GENERATE_QUEUE
+
+FAULT_PHASE_MAX_ACTIONS = 800
+FAULTS_AFTER_FINISHING = 40  # faults go on past the run's first finish: rollbacks then undo commits
+CALM_PHASE_ACTIONS = 2_500
+RECENT_SNAPSHOT_ACTIONS = 60  # the writes a rollback may lose: a power cut ~1 s, a lagging replica more
+TIME_STEPS_S = (10.0, 30.0, 60.0)  # multiples of ten, as every threshold is: ages compare the same way
+PROMPT_COUNTS = (4, 6, 8)
+BATCH_SIZES = (2, 3)
+WORKERS = 2
+POISONED_SHARE = 0.3  # schedules where one batch's prompts make every attempt raise
+UUID_SEED_SALT = 0x1D5
+STEPS_A_WORKER_RUNS_AT_ONCE = 2  # deliveries in flight per worker
+
+# The weights of the choices, relative to one another.
+GRANT = 12.0
+START = 3.0
+RARE = 0.4
+TIME = 0.5
+FAULT = 0.4
+
+Owner = Worker | UploaderProcess | EnqueueProcess
+Option = tuple[float, str, Callable[[], object]]
+
+
+@dataclass
+class ScheduleResult:
+    seed: int
+    violations: list[str] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+    actions: int = 0
+    checks: int = 0
+    finished: bool = False
+    log: list[str] = field(default_factory=list)
+
+    def describe(self, trace: list[str]) -> str:
+        lines = [f"schedule {self.seed}: {len(self.violations)} violations after {self.actions} actions"]
+        lines += [f"  - {v}" for v in self.violations[:10]]
+        lines += ["last actions:", *(f"  {a}" for a in self.log[-25:])]
+        lines += ["last Redis calls:", *(f"  {c}" for c in trace[-25:])]
+        return "\n".join(lines)
+
+
+class Explorer:
+    def __init__(self, seed: int, redis_url: str, output: Path) -> None:
+        self.rng = random.Random(seed)
+        shape = FleetShape(
+            prompts=self.rng.choice(PROMPT_COUNTS),
+            batch_size=self.rng.choice(BATCH_SIZES),
+            workers=WORKERS,
+            poisoned=self.rng.random() < POISONED_SHARE,
+        )
+        self.scheduler = Scheduler()
+        self.fleet = Fleet(redis_url, output, self.rng, self.scheduler, shape)
+        self.checks = Invariants(self.fleet)
+        self.result = ScheduleResult(seed)
+
+    # ------------------------------------------------------------------ the two phases
+
+    def run(self) -> ScheduleResult:
+        self._new_enqueue()
+        faults_end = FAULT_PHASE_MAX_ACTIONS
+        for action in range(FAULT_PHASE_MAX_ACTIONS):
+            if action >= faults_end:
+                break
+            if not self._act(faults=True):
+                return self._end()
+            if faults_end == FAULT_PHASE_MAX_ACTIONS and self.checks.finished():
+                faults_end = action + FAULTS_AFTER_FINISHING
+        for name in [w.process.name for w in self.fleet.workers] + [self.fleet.uploader.process.name]:
+            self.fleet.restart(name)
+        for _ in range(CALM_PHASE_ACTIONS):
+            if not self.scheduler.parked() and self.checks.finished():
+                self.result.finished = True
+                break
+            self._enqueue_again_if_redis_lost_prompts()
+            if not self._act(faults=False):
+                return self._end()
+        if not self.result.finished:
+            self.result.violations.append(f"the run never finished once faults stopped: {self._counts()}")
+        self.result.violations += self.checks.at_end()
+        return self._end()
+
+    def _end(self) -> ScheduleResult:
+        self.result.checks = self.checks.checked
+        for step in self.scheduler.parked():
+            self.scheduler.kill(step.process)
+        return self.result
+
+    def _act(self, *, faults: bool) -> bool:
+        options = self._options(faults=faults)
+        _weight, label, action = self.rng.choices(options, weights=[o[0] for o in options])[0]
+        self.fleet.action += 1
+        self.result.actions += 1
+        if faults:
+            self.fleet.take_snapshot(keep=RECENT_SNAPSHOT_ACTIONS)
+        self.result.log.append(label)
+        action()
+        self._collect_step_errors()
+        self.result.violations += self.checks.after_step()
+        return not self.result.violations
+
+    # ------------------------------------------------------------------ choosing
+
+    def _options(self, *, faults: bool) -> list[Option]:
+        fleet = self.fleet
+        options: list[Option] = [
+            (GRANT, f"grant {s.process.name}/{s.what}", partial(self.scheduler.grant, s))
+            for s in self.scheduler.parked()
+        ]
+        for worker in fleet.workers:
+            if not worker.process.dead:
+                options += self._worker_options(worker)
+        uploader = fleet.uploader
+        if (
+            not uploader.process.dead
+            and fleet.flush_requests
+            and not self._running(uploader.process, "flush")
+        ):
+            options.append((START, "flush", partial(self._start, uploader, "flush", uploader.flush)))
+        if faults and len(fleet.enqueues) < 2:
+            # most telling while the first is at work: the two then race for the run's lock
+            racing = any(self._running(e.process, "enqueue") for e in fleet.enqueues)
+            options.append((START if racing else RARE, "a second enqueue", self._new_enqueue))
+        for seconds in TIME_STEPS_S:
+            weight = TIME if faults else TIME / 3
+            options.append((weight, f"{seconds:.0f} s pass", partial(fleet.pass_time, seconds)))
+        if faults:
+            options += self._fault_options()
+        return options
+
+    def _worker_options(self, worker: Worker) -> list[Option]:
+        name = worker.process.name
+        options: list[Option] = []
+
+        def step(weight: float, label: str, what: str, body: Callable[[], None]) -> None:
+            options.append((weight, f"{name} {label}", partial(self._start, worker, what, body)))
+
+        if self._queued() and self._running(worker.process, "deliver") < STEPS_A_WORKER_RUNS_AT_ONCE:
+            step(START, "takes a message", "deliver", worker.deliver)
+        if any(d.eta_s <= self.fleet.clock.now_s for d in worker.held) and not self._running(
+            worker.process, "due"
+        ):
+            step(START, "runs a retry", "due", worker.run_due)
+        if len(worker.tails) > self._running(worker.process, "tail"):
+            step(START, "settles a tail", "tail", worker.settle_tail)
+        if not self._running(worker.process, "renew"):
+            step(START / 2, "renews", "renew", worker.renew)
+        if not any(self._running(w.process, "reconcile") for w in self.fleet.workers):  # one at a time
+            step(START / 12, "reconciles", "reconcile", worker.reconcile)
+        return options
+
+    def _fault_options(self) -> list[Option]:
+        fleet = self.fleet
+        options: list[Option] = []
+        for process in [
+            *(w.process for w in fleet.workers),
+            fleet.uploader.process,
+            *(e.process for e in fleet.enqueues),
+        ]:
+            if not process.dead:
+                options.append((FAULT / 4, f"kill {process.name}", partial(self._kill, process)))
+            elif not process.name.startswith("enqueue"):
+                options.append((FAULT, f"restart {process.name}", partial(self._restart, process.name)))
+        options += [
+            (FAULT / 2, "duplicate a message", partial(self._fault, "duplicated", fleet.duplicate_a_message)),
+            (FAULT / 2, "lose a message", partial(self._fault, "lost", fleet.lose_a_message)),
+            (FAULT / 4, "visibility timeout", partial(self._fault, "restored", fleet.restore_unacked)),
+        ]
+        if fleet.snapshots:
+            options.append((FAULT, "Redis loses its last writes", self._roll_back))
+        return options
+
+    def _queued(self) -> int:
+        """Messages waiting (a real worker blocks on an empty queue: polling it is no event)."""
+        return int(self.fleet.admin.llen(GENERATE_QUEUE))
+
+    def _running(self, process: Process, what: str) -> int:
+        return sum(1 for s in self.scheduler.steps if s.process is process and s.what == what and not s.ended)
+
+    # ------------------------------------------------------------------ doing
+
+    def _start(self, owner: Owner, what: str, body: Callable[[], object]) -> None:
+        self.scheduler.start(owner.process, what, body)
+
+    def _new_enqueue(self) -> None:
+        process = self.fleet.new_enqueue()
+        self._start(process, "enqueue", process.enqueue)
+
+    def _enqueue_again_if_redis_lost_prompts(self) -> None:
+        fleet = self.fleet
+        if any(not e.process.dead and self._running(e.process, "enqueue") for e in fleet.enqueues):
+            return
+        held = {raw.decode() for raw in fleet.admin.smembers(RunKeys(RUN).enqueued)}
+        if {p.id for p in fleet.prompts} <= held and read_enqueued_ids(fleet.store) <= held:
+            return
+        self.result.log.append("enqueue again: Redis lacks prompts of the input")
+        self._new_enqueue()
+
+    def _kill(self, process: Process) -> None:
+        self.result.faults["killed"] += 1
+        self.scheduler.kill(process)
+
+    def _restart(self, name: str) -> None:
+        self.result.faults["restarted"] += 1
+        self.fleet.restart(name)
+
+    def _roll_back(self) -> None:
+        snapshot: Snapshot = self.rng.choice(self.fleet.snapshots)
+        self.result.faults["rolled back"] += 1
+        keys = RunKeys(RUN)
+        parts_before = int(self.fleet.admin.get(keys.next_part) or 0)
+        self.fleet.roll_back(snapshot)
+        if int(self.fleet.admin.get(keys.next_part) or 0) < parts_before:
+            self.result.faults["commits lost"] += 1
+
+    def _fault(self, name: str, fault: Callable[[], object]) -> None:
+        if fault():
+            self.result.faults[name] += 1
+
+    def _collect_step_errors(self) -> None:
+        for step in self.scheduler.prune():
+            if step.error is not None and not isinstance(step.error, Killed):
+                text = "".join(traceback.format_exception(step.error)).strip().splitlines()
+                self.result.violations.append(
+                    f"{step.process.name}/{step.what} raised {step.error!r}: " + " | ".join(text[-6:])
+                )
+
+    def _counts(self) -> str:
+        admin, keys = self.fleet.admin, RunKeys(RUN)
+        return (
+            f"{RunLedger(admin, RUN).counts()}, open batches {admin.zcard(keys.open_batches)}, "
+            f"leases {admin.zcard(keys.leases)}, queued {admin.llen(GENERATE_QUEUE)}, "
+            f"flush requests {len(self.fleet.flush_requests)}"
+        )
+
+
+def explore(seed: int, redis_url: str, output: Path) -> tuple[ScheduleResult, list[str]]:
+    """Run one schedule. Ids the code draws from uuid4 (batches, lease owners, lock tokens) come from
+    the seed too: Redis orders equal scores by member, so a replay must draw the same ones."""
+    ids = random.Random(seed ^ UUID_SEED_SALT)
+    real_uuid4 = uuid.uuid4
+    uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
+    try:
+        explorer = Explorer(seed, redis_url, output)
+        return explorer.run(), explorer.scheduler.trace
+    finally:
+        uuid.uuid4 = real_uuid4

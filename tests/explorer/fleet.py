@@ -1,0 +1,557 @@
+"""The modelled fleet: processes running draftgen's real protocol code against a real redis-server.
+
+Real: every Lua script; the enqueue (`Enqueuer.enqueue`); a generate message's whole handling
+(`workers.batches.handle_generate`, and batch tails settled by `_settle_tail`); lease renewal
+(`LeaseKeeper.renew`); reconcile passes (`Reconciler.reconcile_all`); flushes and adoptions
+(`Uploader.flush`); the object store (a folder); kombu's Redis layout of the generate queue (the list
+and the `unacked` hash), which the reconciler reads.
+
+Modelled: the SGLang server (each request is answered, refused with a 400, or gets no answer, as the
+schedule's generator draws; the prompts of one poison batch make it raise unexpectedly, every time);
+Celery's delivery (a worker pops a message and records it unacked, a task's return acks it, RetryLater
+publishes the retry with its countdown and then acks); time (a fake monotonic clock for the lease
+keepers, and Redis's clock-scored sets and key expiries shifted back when time passes); the upload
+queue (a list of flush requests). The faults are the schedule's: see tests/explorer/explorer.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import random
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+
+from inference.records import DeadLetter, DeadLetterReason, Origin, Prompt, SamplingSettings
+from producer.enqueue import Enqueuer, pin_settings
+from producer.errors import EnqueueBusy
+from producer.recover import write_run_settings
+from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler
+from tests.support.records import completion, prompt
+from tests.support.redis_snapshot import RedisSnapshot
+from workers.batches import handle_generate
+from workers.context import WorkerContext
+from workers.errors import RetryLater, RunBroken
+from workers.generation import BatchJob, BatchOutcome, Handover
+from workers.keys import RunKeys
+from workers.leases import Lease, LeaseKeeper
+from workers.manifest import MANIFEST_PREFIX
+from workers.protocol import Scripts
+from workers.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.reconciler import RECONCILER_LOCK_KEY, Reconciler, ReconcileSettings
+from workers.runs import RunSettings
+from workers.settings import UploadSettings, WorkerSettings
+from workers.storage import FolderStore
+from workers.uploader import Uploader
+
+RUN = "explored"
+ANSWERED, REFUSED, UNANSWERED = "answered", "refused", "unanswered"
+REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
+POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
+MS_PER_S = 1000
+CLOCK_START_S = 1_000.0
+
+# Redis's clock-scored sets, and keys whose expiry is a lease: both age when time passes.
+_PASS_TIME = """
+local delta = tonumber(ARGV[1])
+for i = 1, tonumber(ARGV[2]) do
+  local flat = redis.call('ZRANGE', KEYS[i], 0, -1, 'WITHSCORES')
+  for j = 1, #flat, 2 do redis.call('ZADD', KEYS[i], tonumber(flat[j + 1]) - delta, flat[j]) end
+end
+for i = tonumber(ARGV[2]) + 1, #KEYS do
+  local left = redis.call('PTTL', KEYS[i])
+  if left > 0 then
+    if left <= delta * 1000 then redis.call('DEL', KEYS[i])
+    else redis.call('PEXPIRE', KEYS[i], left - math.floor(delta * 1000)) end
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    prompts: int
+    batch_size: int
+    workers: int
+    poisoned: bool  # one batch's prompts make every attempt raise unexpectedly
+
+
+class FakeClock:
+    """The lease keepers' monotonic clock: it moves only when the schedule makes time pass."""
+
+    def __init__(self) -> None:
+        self.now_s = CLOCK_START_S
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class InlineExecutor:
+    """Stands in for enqueue's publishing thread: the step's own thread publishes (see the scheduler)."""
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None: ...
+
+    def __enter__(self) -> InlineExecutor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None: ...
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        done.set_result(function(*args))
+        return done
+
+
+class NoRenewer:
+    """Stands in for enqueue's lease renewal thread: a lease runs out only when the schedule says so."""
+
+    def __init__(self, *_args: object, **_kwargs: object) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    tag: str
+    run: str
+    batch_id: str
+    eta_s: float
+
+
+class Bus:
+    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self._clock = clock
+        self._tags = 0
+
+    def envelope(self, run: str, batch_id: str, eta_s: float) -> str:
+        body = base64.b64encode(json.dumps([[run, batch_id], {}, {}]).encode()).decode()
+        headers = {"task": GENERATE_TASK, "id": f"{batch_id}@{eta_s}", "eta": eta_s}
+        return json.dumps({"body": body, "headers": headers, "properties": {"body_encoding": "base64"}})
+
+    def publish(self, client: redis.Redis, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
+        client.lpush(GENERATE_QUEUE, self.envelope(run, batch_id, self._clock.now_s + countdown_s))
+
+    def fetch(self, client: redis.Redis) -> Delivery | None:
+        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls)."""
+        raw = client.rpop(GENERATE_QUEUE)
+        if raw is None:
+            return None
+        self._tags += 1
+        tag = f"tag-{self._tags}"
+        message = json.loads(raw)
+        client.hset(KOMBU_UNACKED_KEY, tag, json.dumps([message, "", GENERATE_QUEUE]))
+        client.zadd(KOMBU_UNACKED_INDEX_KEY, {tag: self._clock.now_s})
+        (run, batch_id), _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=float(message["headers"]["eta"]))
+
+    def ack(self, client: redis.Redis, delivery: Delivery) -> None:
+        with client.pipeline(transaction=False) as pipe:
+            pipe.hdel(KOMBU_UNACKED_KEY, delivery.tag)
+            pipe.zrem(KOMBU_UNACKED_INDEX_KEY, delivery.tag)
+            pipe.execute()
+
+
+@dataclass
+class Tail:
+    """A batch whose message was acknowledged while some of its prompts are still being generated."""
+
+    prompts: list[Prompt]
+    job: ModelledJob
+    poisoned: bool
+
+
+@dataclass
+class ModelledJob:
+    handover: Handover
+    still_held: Callable[[], bool]
+    outcome: BatchOutcome = field(default_factory=BatchOutcome)
+    done: Future[BatchOutcome] = field(default_factory=Future)
+
+
+class ModelledServer:
+    """`GenerationEngine`'s face, answered by the schedule: some prompts now, the rest in a tail."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self.origin = Origin(host="explorer", gpu=None, server_url="http://modelled")
+
+    def submit_batch(
+        self,
+        run: str,
+        prompts: list[Prompt],
+        sampling: SamplingSettings,
+        handover: Handover,
+        truncation: object = None,
+        *,
+        still_held: Callable[[], bool],
+    ) -> BatchJob:
+        fleet = self._worker.fleet
+        poisoned = any(p.id in fleet.poison_prompts for p in prompts)
+        if poisoned and fleet.rng.random() < POISON_RAISES_IN_TASK:
+            raise RuntimeError("a bug this batch always meets")
+        job = ModelledJob(handover, still_held)
+        answered_now = 0 if poisoned else fleet.rng.randint(0, len(prompts))  # it fails before any answer
+        for one in prompts[:answered_now]:
+            fleet.generate_one(job, one)
+        if answered_now == len(prompts) and not poisoned:
+            job.done.set_result(job.outcome)
+        else:
+            self._worker.tails.append(Tail(prompts[answered_now:], job, poisoned))
+        sent = threading.Event()
+        sent.set()
+        return BatchJob(sent, job.done)
+
+
+class DetachedTails:
+    """Where `_generate_leased` detaches a batch: its settling runs later, in a step of its own."""
+
+    def __init__(self) -> None:
+        self.settle_of: dict[int, Callable[[Future[BatchOutcome]], None]] = {}
+
+    def detach(self, done: Future[BatchOutcome], settle: Callable[[Future[BatchOutcome]], None]) -> None:
+        self.settle_of[id(done)] = settle
+
+
+class ModelledServerRecord:
+    def __init__(self, origin: Origin) -> None:
+        self._origin = origin
+
+    def refresh(self) -> Origin:
+        return self._origin
+
+
+class GivingUpKeeper(LeaseKeeper):
+    """A LeaseKeeper that tells the fleet whenever a lease of its is gone from Redis by its own doing."""
+
+    def __init__(self, client: redis.Redis, *, worker: str, clock: FakeClock, fleet: Fleet) -> None:
+        super().__init__(client, worker=worker, clock=clock)
+        self._fleet = fleet
+
+    def release(self, lease: Lease, *, delay_s: float) -> bool:
+        released = super().release(lease, delay_s=delay_s)
+        self._fleet.lease_gone(lease.holder.owner)
+        return released
+
+    def finish(self, lease: Lease, prompt_ids: Sequence[str]) -> list[str]:
+        unsettled = super().finish(lease, prompt_ids)
+        if not unsettled:
+            self._fleet.lease_gone(lease.holder.owner)
+        return unsettled
+
+
+class HarnessContext:
+    """What `handle_generate` and `_settle_tail` read of a WorkerContext, over the modelled server."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self.redis: redis.Redis = worker.client
+        self.leases = worker.keeper
+        self.stopping = threading.Event()
+        self.settings = WorkerSettings()
+        self.engine = ModelledServer(worker)
+        self.tails = worker.detached
+        self.server_record = ModelledServerRecord(self.engine.origin)
+
+    def run_settings(self, run: str) -> RunSettings:
+        return self._worker.fleet.settings
+
+    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None:
+        self._worker.fleet.bus.publish(self.redis, run, batch_id, countdown_s=countdown_s)
+
+    def dispatch_flush(self, run: str) -> None:
+        self._worker.fleet.flush_requests.append(run)
+
+
+class StepDispatcher:
+    """The reconciler's messages, sent through its step's own client."""
+
+    def __init__(self, fleet: Fleet, client: redis.Redis) -> None:
+        self._fleet = fleet
+        self._client = client
+
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
+        self._fleet.bus.publish(self._client, run, batch_id, countdown_s=countdown_s)
+
+    def flush(self, run: str) -> None:
+        self._fleet.flush_requests.append(run)
+
+
+class Worker:
+    """A generate worker process: its steps are deliveries, tails, renewals and reconcile passes."""
+
+    def __init__(self, fleet: Fleet, name: str) -> None:
+        self.fleet = fleet
+        self.process = Process(name)
+        self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
+        self.keeper = GivingUpKeeper(self.client, worker=name, clock=fleet.clock, fleet=fleet)
+        self.tails: list[Tail] = []
+        self.held: list[Delivery] = []  # delivered, waiting for their countdown (Celery keeps them)
+        self.detached = DetachedTails()
+        self.context = HarnessContext(self)
+
+    def deliver(self) -> None:
+        delivery = self.fleet.bus.fetch(self.client)
+        if delivery is None:
+            return
+        if delivery.eta_s > self.fleet.clock.now_s:
+            self.held.append(delivery)
+            return
+        self.run_task(delivery)
+
+    def run_due(self) -> None:
+        due = [d for d in self.held if d.eta_s <= self.fleet.clock.now_s]
+        if due:
+            self.held.remove(due[0])
+            self.run_task(due[0])
+
+    def run_task(self, delivery: Delivery) -> None:
+        """What the Celery task `draftgen.generate` does with one message (workers/tasks.py)."""
+        context = cast(WorkerContext, self.context)
+        try:
+            report = handle_generate(context, delivery.run, delivery.batch_id)
+        except RetryLater as error:
+            self.fleet.bus.publish(self.client, delivery.run, delivery.batch_id, countdown_s=error.delay_s)
+            self.fleet.bus.ack(self.client, delivery)
+            return
+        except RunBroken:
+            self.fleet.bus.ack(self.client, delivery)
+            return
+        self.fleet.bus.ack(self.client, delivery)
+        if report.handed_over:
+            self.fleet.flush_requests.append(delivery.run)
+
+    def settle_tail(self) -> None:
+        tail = self.tails.pop(0)
+        for one in [] if tail.poisoned else tail.prompts:
+            self.fleet.generate_one(tail.job, one)
+        settle = self.detached.settle_of.pop(id(tail.job.done))
+        if tail.poisoned:
+            tail.job.done.set_exception(RuntimeError("a bug this batch always meets"))
+        else:
+            tail.job.done.set_result(tail.job.outcome)
+        settle(tail.job.done)
+
+    def renew(self) -> None:
+        self.keeper.renew()
+
+    def reconcile(self) -> None:
+        settings = ReconcileSettings(upload_max_age_s=UploadSettings().max_age_s)
+        Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings).reconcile_all()
+
+
+class UploaderProcess:
+    def __init__(self, fleet: Fleet, name: str) -> None:
+        self.fleet = fleet
+        self.process = Process(name)
+        self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
+        self.uploader = Uploader(self.client, UploadSettings(), lambda _run: fleet.store)
+
+    def flush(self) -> None:
+        run = self.fleet.flush_requests.pop(0)
+        try:
+            self.uploader.flush(run)
+        except RetryLater:
+            self.fleet.flush_requests.append(run)
+        except Killed:  # its message is unacknowledged: Celery delivers it again
+            self.fleet.flush_requests.append(run)
+            raise
+
+
+class EnqueueProcess:
+    def __init__(self, fleet: Fleet, name: str) -> None:
+        self.fleet = fleet
+        self.process = Process(name)
+        self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
+        self.busy = False
+
+    def enqueue(self) -> None:
+        fleet = self.fleet
+
+        def publish(run: str, batch_ids: Sequence[str]) -> None:
+            for batch_id in batch_ids:
+                fleet.bus.publish(self.client, run, batch_id)
+
+        enqueuer = Enqueuer(self.client, fleet.settings, publish, source="explored.jsonl", store=fleet.store)
+        try:
+            enqueuer.enqueue(fleet.prompts)
+        except EnqueueBusy:
+            self.busy = True
+
+
+@dataclass
+class Snapshot:
+    taken: RedisSnapshot
+    at_action: int
+    time_passed_s: float
+
+
+class Fleet:
+    """Every process, the queue, the clock and the output of one explored schedule."""
+
+    def __init__(
+        self, redis_url: str, output: Path, rng: random.Random, scheduler: Scheduler, shape: FleetShape
+    ) -> None:
+        self.redis_url = redis_url
+        self.rng = rng
+        self.scheduler = scheduler
+        self.shape = shape
+        self.clock = FakeClock()
+        self.bus = Bus(self.clock)
+        self.admin = redis.Redis.from_url(redis_url)  # the harness's own, never gated
+        self.store = FolderStore(output)
+        self.settings = RunSettings(
+            run=RUN, sampling=SamplingSettings(), output_url=self.store.url, batch_size=shape.batch_size
+        )
+        self.prompts = [prompt(f"p{i:03d}") for i in range(shape.prompts)]
+        first_poisoned = rng.randrange(0, shape.prompts, shape.batch_size)
+        self.poison_prompts = (
+            {p.id for p in self.prompts[first_poisoned : first_poisoned + shape.batch_size]}
+            if shape.poisoned
+            else set()
+        )
+        self.flush_requests: list[str] = []
+        self.workers = [Worker(self, f"gpu{i}") for i in range(shape.workers)]
+        self.uploader = UploaderProcess(self, "uploader")
+        self.enqueues: list[EnqueueProcess] = []
+        self.action = 0
+        self.time_passed_s = 0.0
+        self.gone_leases: dict[str, int] = {}  # owner token -> action at which its holder gave it up
+        self.snapshots: list[Snapshot] = []
+        self._pass_time = self.admin.register_script(_PASS_TIME)
+        scripts = Scripts.register(self.admin)
+        for script in (getattr(scripts, f.name) for f in dataclasses.fields(scripts)):
+            # loaded before any step runs: a first EVALSHA that misses would add calls, and so
+            # turns, to whichever schedule runs first in a fresh redis-server
+            self.admin.script_load(script.script)
+        pin_settings(self.admin, self.settings)
+        write_run_settings(self.store, self.settings)
+
+    # ------------------------------------------------------------------ what processes do
+
+    def generate_one(self, job: ModelledJob, one: Prompt) -> None:
+        """One request of a prompt: answered (staged), refused (dead-lettered) or unanswered."""
+        if not job.still_held():
+            job.outcome.unreachable.append(one.id)
+            job.outcome.last_error = "lease lost"
+            return
+        fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
+        if fate == UNANSWERED:
+            job.outcome.unreachable.append(one.id)
+            job.outcome.last_error = "no answer from the modelled server"
+            return
+        if fate == ANSWERED:
+            handed = job.handover.stage(completion(one.id))
+        else:
+            letter = DeadLetter(
+                prompt_id=one.id,
+                row=one.row,
+                reason=DeadLetterReason.REJECTED_BY_SERVER,
+                error="HTTP 400",
+                attempts=1,
+            )
+            handed = job.handover.dead_letter(letter)
+        if not handed:
+            job.outcome.already_handled += 1
+        elif fate == ANSWERED:
+            job.outcome.staged += 1
+        else:
+            job.outcome.dead_lettered += 1
+
+    def store_parts(self) -> int:
+        """Parts committed to the output so far."""
+        return sum(1 for _ in self.store.list(MANIFEST_PREFIX))
+
+    def lease_gone(self, owner: str) -> None:
+        self.gone_leases[owner] = self.action
+
+    # ------------------------------------------------------------------ processes
+
+    def live(self) -> Iterable[Worker | UploaderProcess | EnqueueProcess]:
+        for process in [*self.workers, self.uploader, *self.enqueues]:
+            if not process.process.dead:
+                yield process
+
+    def new_enqueue(self) -> EnqueueProcess:
+        process = EnqueueProcess(self, f"enqueue{len(self.enqueues)}")
+        self.enqueues.append(process)
+        return process
+
+    def restart(self, name: str) -> None:
+        """Start a process anew in the place of a dead one (systemd's Restart=always)."""
+        for index, worker in enumerate(self.workers):
+            if worker.process.name == name and worker.process.dead:
+                self.workers[index] = Worker(self, name)
+        if self.uploader.process.name == name and self.uploader.process.dead:
+            self.uploader = UploaderProcess(self, name)
+
+    # ------------------------------------------------------------------ time and Redis faults
+
+    def pass_time(self, seconds: float) -> None:
+        """Every lease, grace period, upload age and lock lease ages by `seconds`."""
+        self.clock.now_s += seconds
+        self.time_passed_s += seconds
+        self._age_redis(seconds)
+
+    def _age_redis(self, seconds: float) -> None:
+        keys = RunKeys(RUN)
+        scored = [
+            keys.leases,
+            keys.open_batches,
+            keys.staged_index,
+            keys.dead_pending,
+            KOMBU_UNACKED_INDEX_KEY,
+        ]
+        leased = [keys.enqueue_lock, keys.upload_lock, RECONCILER_LOCK_KEY]
+        self._pass_time(keys=[*scored, *leased], args=[seconds, len(scored)])
+
+    def take_snapshot(self, *, keep: int) -> None:
+        """Redis as it is now, kept as one of the `keep` most recent states it could roll back to."""
+        self.snapshots.append(Snapshot(RedisSnapshot.take(self.admin), self.action, self.time_passed_s))
+        del self.snapshots[:-keep]
+
+    def roll_back(self, snapshot: Snapshot) -> None:
+        """Redis comes back as it was at the snapshot (power loss with everysec, a lagging replica):
+        its clock went on meanwhile, and every process keeps what it believes."""
+        snapshot.taken.restore(self.admin)
+        self._age_redis(self.time_passed_s - snapshot.time_passed_s)
+        # a snapshot is taken before its action runs: what that action did is lost with the rest
+        self.gone_leases = {o: at for o, at in self.gone_leases.items() if at < snapshot.at_action}
+        self.snapshots = [s for s in self.snapshots if s.at_action < snapshot.at_action]
+
+    def duplicate_a_message(self) -> bool:
+        waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)
+        if not waiting:
+            return False
+        self.admin.lpush(GENERATE_QUEUE, self.rng.choice(waiting))
+        return True
+
+    def lose_a_message(self) -> bool:
+        waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)
+        if not waiting:
+            return False
+        self.admin.lrem(GENERATE_QUEUE, 1, self.rng.choice(waiting))
+        return True
+
+    def restore_unacked(self) -> int:
+        """The visibility timeout passes: kombu puts every unacknowledged message back in the queue."""
+        entries = self.admin.hgetall(KOMBU_UNACKED_KEY)
+        with self.admin.pipeline(transaction=True) as pipe:
+            for tag, value in sorted(entries.items()):
+                message = json.loads(value)[0]
+                pipe.rpush(GENERATE_QUEUE, json.dumps(message))
+                pipe.hdel(KOMBU_UNACKED_KEY, tag)
+                pipe.zrem(KOMBU_UNACKED_INDEX_KEY, tag)
+            pipe.execute()
+        return len(entries)

@@ -1,0 +1,138 @@
+"""What must hold after every step of an explored schedule, and at its end.
+
+After every step:
+- no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice);
+- no lease a holder gave up (handed back, or finished) is held again in Redis by that holder;
+- the output commits no prompt twice, and none both as a completion and as a dead letter;
+- `status` says `finished` only when the output holds every prompt Redis counts as enqueued.
+At the end, once faults have stopped and the fleet has worked on: the output alone (no Redis) holds
+every input prompt exactly once, committed or dead-lettered, and `status` says `finished`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from inference.records import PromptBatch
+from producer.output_record import read_committed
+from producer.status.figures import STATE_FINISHED
+from producer.status.gather import gather_status
+from producer.verify import verify_run
+from tests.explorer.fleet import RUN, Fleet
+from workers.codec import decode_blob
+from workers.keys import RunKeys
+from workers.leases import decode_holder
+from workers.ledger import RunLedger
+from workers.manifest import MANIFEST_PREFIX
+
+# The stored batches and the lease holders, in one round trip: this runs after every action.
+_BATCHES_AND_HOLDERS = """
+local blobs = {}
+local cursor = '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
+  cursor = page[1]
+  for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
+until cursor == '0'
+return {blobs, redis.call('HGETALL', KEYS[1])}
+"""
+
+
+class Invariants:
+    """Checks one fleet; counts how many checks it made."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._keys = RunKeys(RUN)
+        self._manifest_seen = -1
+        self._said_at: tuple[int, bool] = (-1, False)  # (action, whether status said finished)
+        self._read = fleet.admin.register_script(_BATCHES_AND_HOLDERS)
+        self.checked = 0
+
+    def after_step(self) -> list[str]:
+        blobs, holders = self._read(keys=[self._keys.lease_owners], args=[f"{self._keys.batches_prefix}*"])
+        found = [
+            *self._batches(blobs),
+            *self._revived_leases(dict(zip(holders[::2], holders[1::2], strict=True))),
+            *self._output(),
+            *self._status(),
+        ]
+        self.checked += 4
+        return found
+
+    def _batches(self, blobs: list[bytes]) -> list[str]:
+        holder: dict[str, str] = {}
+        found: list[str] = []
+        for blob in blobs:
+            batch = decode_blob(blob, PromptBatch)
+            for one in batch.prompts:
+                if one.id in holder:
+                    found.append(f"prompt {one.id} is in batches {holder[one.id]} and {batch.batch_id}")
+                holder[one.id] = batch.batch_id
+        return found
+
+    def _revived_leases(self, holders: dict[bytes, bytes]) -> list[str]:
+        found = []
+        for batch_id, raw in holders.items():
+            holder = decode_holder(raw)
+            if holder is not None and holder.owner in self._fleet.gone_leases:
+                found.append(
+                    f"batch {batch_id.decode()} is leased again by {holder.worker}'s execution "
+                    f"{holder.owner[:8]}, which gave it up at action {self._fleet.gone_leases[holder.owner]}"
+                )
+        return found
+
+    def _output(self) -> list[str]:
+        listed = sum(1 for _ in self._fleet.store.list(MANIFEST_PREFIX))
+        if listed == self._manifest_seen:
+            return []
+        self._manifest_seen = listed
+        record = read_committed(self._fleet.store)
+        found = [f"prompt {p} committed {n} times" for p, n in record.completed.items() if n > 1]
+        found += [f"prompt {p} dead-lettered {n} times" for p, n in record.dead_occurrences.items() if n > 1]
+        found += [f"prompt {p} committed and dead-lettered" for p in set(record.completed) & set(record.dead)]
+        return found
+
+    def _status_finished(self) -> bool:
+        """What `status` says, read only when the counts leave it a chance to say finished (the
+        whole status costs a few milliseconds, and this runs after every action). Read once an action."""
+        if self._said_at[0] != self._fleet.action:
+            counts = RunLedger(self._fleet.admin, RUN).counts()
+            possible = counts.enqueued and not (counts.remaining > 0 or counts.staged or counts.dead_pending)
+            finished = bool(possible) and gather_status(self._fleet.admin, RUN).state == STATE_FINISHED
+            self._said_at = (self._fleet.action, finished)
+        return self._said_at[1]
+
+    def _status(self) -> list[str]:
+        if not self._status_finished():
+            return []
+        enqueued = {raw.decode() for raw in self._fleet.admin.smembers(self._keys.enqueued)}
+        record = read_committed(self._fleet.store)
+        missing = sorted(enqueued - set(record.completed) - set(record.dead))
+        return [f"status says finished, and the output lacks {missing}"] if missing else []
+
+    def at_end(self) -> list[str]:
+        self.checked += 1
+        report = verify_run(self._fleet.store, RUN)
+        wanted = {one.id for one in self._fleet.prompts}
+        record = read_committed(self._fleet.store)
+        held = Counter(record.completed) + Counter(record.dead_occurrences)
+        found = []
+        if not report.ok:
+            found.append(
+                f"verify --output fails: missing {report.missing}, duplicated {report.duplicated}, "
+                f"committed and dead {report.committed_and_dead}, broken {report.broken_objects}"
+            )
+        lacking = sorted(wanted - set(held))
+        if lacking:
+            found.append(f"the output lacks input prompts {lacking}")
+        if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:
+            found.append(f"status is not finished: {gather_status(self._fleet.admin, RUN).progress}")
+        return found
+
+    def finished(self) -> bool:
+        """The run is over: status says finished and the output holds every input prompt."""
+        if not self._status_finished():
+            return False
+        record = read_committed(self._fleet.store)
+        return {one.id for one in self._fleet.prompts} <= set(record.completed) | set(record.dead)
