@@ -21,6 +21,7 @@ from workers.heartbeat_step import HeartbeatStep
 from workers.liveness_step import LivenessStep
 from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 from workers.reconciler_step import ReconcilerStep
+from workers.seat_step import SeatStep
 from workers.settings import WorkerSettings
 from workers.tasks import register_tasks
 
@@ -73,6 +74,7 @@ def make_app(
     contexts = ContextHolder(settings, context_factory, CeleryDispatcher(app))
     app.draftgen = contexts
     register_tasks(app, contexts)
+    app.steps["consumer"].add(SeatStep)  # a generate worker seats itself on its GPU first
     app.steps["consumer"].add(HeartbeatStep)
     app.steps["consumer"].add(LivenessStep)  # generate workers watch their server's token progress
     app.steps["consumer"].add(ReconcilerStep)  # every worker takes its turn at reconciliation

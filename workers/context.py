@@ -22,6 +22,7 @@ from workers.ledger import gpu_label
 from workers.object_store import ObjectStore
 from workers.redis_client import connect
 from workers.runs import RunSettings, load_run_settings
+from workers.seat import Seat, stop_this_process
 from workers.server_record import ServerRecord
 from workers.settings import WorkerSettings
 from workers.storage import open_store
@@ -45,6 +46,8 @@ class WorkerContext:
         self.tails = BatchTails()
         self.redis = connect(settings.redis_url)
         self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
+        # Taken by the seat bootstep on generate workers only; its token marks this process's leases.
+        self.seat = Seat(self.redis, gpu_label(self.origin), on_lost=stop_this_process)
         self.stopping = threading.Event()  # set on SIGTERM: take no new batch, hand held ones back
         self._lock = threading.Lock()
         self._run_settings: dict[str, RunSettings] = {}
@@ -88,6 +91,7 @@ class WorkerContext:
             lambda: LeaseKeeper(
                 self.redis,
                 worker=gpu_label(self.origin),
+                seat=self.seat.token,
                 ttl_s=settings.lease_ttl_s,
                 renew_s=settings.lease_renew_s,
             ).start(),
@@ -155,6 +159,7 @@ class WorkerContext:
             self._engine = self._leases = None
         if leases is not None:
             leases.stop()
+        self.seat.release()
         if engine is not None:
             engine.close()
         self.redis.close()

@@ -6,6 +6,7 @@ WorkerError
 │   └── StoreUnavailable    the object store could not be reached or refused a write
 ├── RunBroken               permanent for this message: unknown run, unreadable settings
 ├── ShuttingDown            the worker is stopping: a wait for the server ends early
+├── SeatHeld                another live process holds this GPU's seat: this one may not start
 ├── ObjectMissing           no object under that key (also a KeyError)
 └── Refused                 what was given cannot work, whoever retries (also a ValueError)
     ├── InvalidRunName      a run name that is not a safe key and path segment
@@ -45,6 +46,10 @@ class ShuttingDown(WorkerError):
 
 class StoreUnavailable(RetryLater):
     """The object store could not be reached or refused a write; the work waits in Redis."""
+
+
+class SeatHeld(WorkerError):
+    """A live worker process holds the seat of this GPU label: a second one would steal its batches."""
 
 
 class ObjectMissing(WorkerError, KeyError):

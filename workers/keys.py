@@ -13,6 +13,8 @@ WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate w
 SERVERS_KEY = (
     f"{KEY_PREFIX}:servers"  # hash: facts id -> a server's facts (JSON), see inference/server_facts.py
 )
+SEATS_KEY_PREFIX = f"{KEY_PREFIX}:seats:"  # + GPU label: the token of the process seated there (seat.py)
+SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
 RUN_NAME_MAX_CHARS = 128
 # Buckets of a run's fingerprints (RunKeys.fingerprints). Up to ~6M explicit ids, each bucket holds
 # fewer than Redis's default hash-max-listpack-entries (128) and stays a compact listpack. Measured
@@ -22,7 +24,7 @@ FINGERPRINT_BUCKETS = 1 << 16
 RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX_CHARS - 1}}}")
 
 
-RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers"})  # key prefixes of their own
+RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers", "seats", "seat"})  # key prefixes of their own
 
 
 def check_run_name(run: str) -> str:
@@ -42,6 +44,20 @@ def check_run_name(run: str) -> str:
 def worker_heartbeat_key(worker: str) -> str:
     """A generate worker's heartbeat, `worker` being its GPU label (`host/gpuN`, see ledger.gpu_label)."""
     return WORKERS_KEY_PREFIX + worker
+
+
+def seat_key(label: str) -> str:
+    """Which process holds a GPU label's seat: its token."""
+    return SEATS_KEY_PREFIX + label
+
+
+def seat_channel_prefix(label: str) -> str:
+    return f"{SEAT_CHANNEL_PREFIX}{label}:"
+
+
+def seat_channel(label: str, token: str) -> str:
+    """The channel a seat's holder stays subscribed to: subscribers there mean the holder lives."""
+    return seat_channel_prefix(label) + token
 
 
 # Every heartbeat key: labels always hold a '/', which no key of a run named "workers" would after the prefix.

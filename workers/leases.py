@@ -50,10 +50,12 @@ class Acquired(enum.StrEnum):
 
 
 class LeaseHolder(Record, frozen=True):
-    """Who holds a lease: the execution's token, and the worker it runs in (for the logs)."""
+    """Who holds a lease: the execution's token, the worker it runs in (its GPU label), and that worker
+    process's seat (workers/seat.py: a restarted worker takes back the leases of its label's dead seats)."""
 
     owner: str
     worker: str
+    seat: str = ""
 
 
 def decode_holder(raw: bytes | str) -> LeaseHolder | None:
@@ -84,6 +86,7 @@ class LeaseKeeper:
         client: redis.Redis,
         *,
         worker: str,
+        seat: str = "",
         ttl_s: float = DEFAULT_LEASE_TTL_S,
         renew_s: float = DEFAULT_LEASE_RENEW_S,
         clock: Callable[[], float] = time.monotonic,
@@ -91,6 +94,7 @@ class LeaseKeeper:
         self._client = client
         self._scripts = Scripts.register(client)
         self._worker = worker
+        self._seat = seat
         self._ttl_s = ttl_s
         self._clock = clock
         self._held: dict[Lease, _Tracked] = {}
@@ -102,7 +106,7 @@ class LeaseKeeper:
 
     def acquire(self, run: str, batch_id: str) -> tuple[Acquired, Lease]:
         keys = RunKeys(run)
-        holder = LeaseHolder(owner=uuid.uuid4().hex, worker=self._worker)
+        holder = LeaseHolder(owner=uuid.uuid4().hex, worker=self._worker, seat=self._seat)
         lease = Lease(run, batch_id, holder)
         started = self._clock()
         result = self._scripts.acquire_lease(

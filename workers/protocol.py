@@ -334,6 +334,44 @@ return out
 )
 
 
+# --------------------------------------------------------------------------- seats (workers/seat.py)
+
+# Take a GPU label's seat unless a live process holds it: one whose channel still has a subscriber.
+# KEYS: the seat. ARGV: my token, the label's channel prefix. Returns {'taken', previous token or ''}
+# or {'held', the live holder's token}.
+TAKE_SEAT = """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then
+  if redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. current)[2] > 0 then return {'held', current} end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {'taken', current or ''}
+"""
+
+# A new seat holder takes back, at once, every lease held under its label by another seat: those
+# holders are dead (TAKE_SEAT proved it). Their batches become dispatchable now. KEYS: open_batches,
+# leases, lease_owners. ARGV: the label, the new holder's seat token. Returns id, holder (JSON) pairs.
+TAKE_BACK_SEAT_LEASES = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
+local out = {}
+local flat = redis.call('HGETALL', KEYS[3])
+for i = 1, #flat, 2 do
+  local ok, holder = pcall(cjson.decode, flat[i + 1])
+  if ok and type(holder) == 'table' and holder.worker == ARGV[1] and holder.seat ~= ARGV[2] then
+    redis.call('ZREM', KEYS[2], flat[i])
+    redis.call('HDEL', KEYS[3], flat[i])
+    redis.call('ZADD', KEYS[1], 'XX', now, flat[i])
+    table.insert(out, flat[i])
+    table.insert(out, flat[i + 1])
+  end
+end
+return out
+"""
+)
+
+
 @dataclass(frozen=True)
 class Scripts:
     """Every script, registered with one client (registering is local: Redis loads on first call)."""
@@ -352,6 +390,8 @@ class Scripts:
     finish_batch: Script
     expire_leases: Script
     redispatch: Script
+    take_seat: Script
+    take_back_seat_leases: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:
@@ -370,4 +410,6 @@ class Scripts:
             finish_batch=client.register_script(FINISH_BATCH),
             expire_leases=client.register_script(EXPIRE_LEASES),
             redispatch=client.register_script(REDISPATCH),
+            take_seat=client.register_script(TAKE_SEAT),
+            take_back_seat_leases=client.register_script(TAKE_BACK_SEAT_LEASES),
         )

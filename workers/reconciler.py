@@ -32,6 +32,7 @@ from workers.leases import decode_holder
 from workers.periodic import PeriodicThread
 from workers.protocol import Scripts
 from workers.redis_client import redis_now_s
+from workers.seat import TakenSeat
 
 log = logging.getLogger(__name__)
 
@@ -145,18 +146,37 @@ class Reconciler:
     def _take_back_expired(self, run: str) -> ReconcileReport:
         keys = RunKeys(run)
         flat = self._scripts.expire_leases(keys=[keys.open_batches, keys.leases, keys.lease_owners])
+        return self._dispatch_taken_back(run, flat, "ran out")
+
+    def take_back_seat(self, seat: TakenSeat, label: str) -> int:
+        """A worker that took its label's seat from a dead process takes that process's leases back at
+        once, in every run, instead of waiting for them to run out. Returns how many."""
+        taken = 0
+        for raw in sorted(self._client.smembers(RUNS_KEY)):
+            run = raw.decode()
+            keys = RunKeys(run)
+            flat = self._scripts.take_back_seat_leases(
+                keys=[keys.open_batches, keys.leases, keys.lease_owners], args=[label, seat.token]
+            )
+            taken += self._dispatch_taken_back(run, flat, "was held by a dead worker").expired_leases
+        return taken
+
+    def _dispatch_taken_back(self, run: str, flat: list[bytes], why: str) -> ReconcileReport:
+        """Leases taken back (id, holder pairs): drop their dead holders' unacknowledged messages, then
+        dispatch their batches again."""
         report = ReconcileReport()
-        expired = [
+        taken_back = [
             (raw.decode(), decode_holder(holder) if holder else None)
             for raw, holder in zip(flat[::2], flat[1::2], strict=True)
         ]
-        report.stale_messages_dropped = drop_unacked_of_batches(self._client, run, (b for b, _ in expired))
-        for batch_id, holder in expired:
+        report.stale_messages_dropped = drop_unacked_of_batches(self._client, run, (b for b, _ in taken_back))
+        for batch_id, holder in taken_back:
             log.warning(
-                "batch %s of run %s: lease of %s ran out; dispatching it again",
+                "batch %s of run %s: the lease of %s %s; dispatching it again",
                 batch_id,
                 run,
                 holder.worker if holder else "an unknown worker",
+                why,
             )
             self._dispatch.generate(run, batch_id)
             report.expired_leases += 1

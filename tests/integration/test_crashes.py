@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,14 +11,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from devstack.local_stack import wait_until
+from devstack.local_stack import celery_worker, wait_until
 from inference.simulator import SimulatorProcess
 from producer.gc import collect_orphans
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
+from workers.keys import seat_key
+from workers.leases import decode_holder
 from workers.ledger import RunLedger
 from workers.manifest import DATA_PREFIX, read_manifest
 from workers.parquet_io import prompt_ids_in
+from workers.seat_step import EXIT_SEAT_HELD
 from workers.storage import open_store
 
 pytestmark = pytest.mark.integration
@@ -174,3 +179,66 @@ def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_
     assert result.returncode == 0, result.stdout
     generations = ok_generations(stack.sims[0], run)
     assert {pid: generations[pid] for pid in committed_before} == dict.fromkeys(committed_before, 1)
+
+
+TAKEN_BACK_WITHIN_S = 20.0  # worker start-up included; the leases themselves would last 60 s more
+
+
+def test_a_worker_restarted_on_its_gpu_takes_its_batches_back_at_once_not_when_their_leases_end(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given a run in progress on one GPU
+    stack.start_generator(0)
+    stack.start_uploader()
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, "back")]
+    )
+    run = "restart-generate"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
+    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
+    wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
+    # When its worker is SIGKILLed and started again on the same GPU
+    held_by_the_killed = set(ledger.client.hvals(ledger.keys.lease_owners))
+    assert held_by_the_killed, "the kill came when no batch was leased"
+    stack.generators[0].kill()
+    before_kill = handed_over(ledger)
+    killed_at = time.monotonic()
+    stack.start_generator(0)
+    # Then the batches the dead one held are taken back in seconds, far within their leases' 60 s
+    wait_until(
+        lambda: not held_by_the_killed & set(ledger.client.hvals(ledger.keys.lease_owners)),
+        timeout_s=TAKEN_BACK_WITHIN_S,
+        what="the restarted worker to take its predecessor's batches back",
+    )
+    assert time.monotonic() - killed_at < TAKEN_BACK_WITHIN_S
+    stack.wait_finished(run, timeout_s=FINISH_AFTER_KILL_S)
+    # And every prompt is committed once; none handed over before the kill was generated again
+    result = stack.verify(run)
+    assert result.returncode == 0, result.stdout
+    generations = ok_generations(stack.sims[0], run)
+    assert {prompt_id: generations[prompt_id] for prompt_id in before_kill} == dict.fromkeys(before_kill, 1)
+
+
+def test_a_second_worker_started_on_a_busy_gpu_is_refused_and_takes_nothing(
+    stack: Stack, tmp_path: Path
+) -> None:
+    first = stack.start_generator(0)
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(80, "twice")]
+    )
+    run = "one-per-gpu"
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
+    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
+    wait_until(lambda: ledger.client.hlen(ledger.keys.lease_owners) > 0, timeout_s=60, what="a batch leased")
+    seat = ledger.client.get(seat_key(f"{socket.gethostname()}/gpu0"))
+
+    second = celery_worker("gen0-again", "generate", first.env, stack.log_dir).start()
+    assert second.process is not None
+    exit_code = second.process.wait(timeout=60)
+
+    assert exit_code == EXIT_SEAT_HELD
+    assert "another live worker holds" in second.log_text()
+    assert first.alive()
+    assert ledger.client.get(seat_key(f"{socket.gethostname()}/gpu0")) == seat
+    holders = [decode_holder(raw) for raw in ledger.client.hvals(ledger.keys.lease_owners)]
+    assert {holder.seat for holder in holders if holder is not None} <= {seat.decode() if seat else ""}
