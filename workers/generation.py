@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import msgspec
 
 from inference.backoff import backoff_delay_s
-from inference.client import ChatResult
+from inference.chat_stream import ChatResult
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.quality import label_completion
 from inference.records import (

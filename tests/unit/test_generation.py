@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from devstack.local_stack import wait_until
-from inference.client import ChatResult
+from inference.chat_stream import ChatResult
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.records import Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder

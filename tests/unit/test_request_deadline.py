@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from inference.client import ChatResult
+from inference.chat_stream import ChatResult
 from inference.records import Message, Origin, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
