@@ -108,9 +108,12 @@ async def asyncio_client(sim: SimulatorProcess, prompts: list[Prompt]) -> None:
 
     async def one(prompt: Prompt) -> None:
         async with window:
-            await client.chat.completions.create(
+            stream = await client.chat.completions.create(
                 **build_request(prompt.messages, SAMPLING, f"asyncio:{prompt.id}")
             )
+            async with stream:
+                async for _chunk in stream:  # the workers' request is streamed: read it to its end
+                    pass
 
     await asyncio.gather(*(one(p) for p in prompts))
     await client.close()

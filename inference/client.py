@@ -1,37 +1,33 @@
-"""The one way draftgen asks an SGLang server for a chat completion.
+"""The one way draftgen asks an SGLang server for a chat completion: streamed, so that the caller sees
+each request's own progress, chunk by chunk.
 
 Every sampling field is sent explicitly (SGLang fills omitted ones from the model's
-generation_config). The openai client does no retrying of its own: the caller owns the single
-retry layer for this hop.
+generation_config). The exact token ids come in the stream's trailing `sglext` chunk (SGLang 0.5.23
+refuses `return_token_ids` with `stream: true`). The openai client does no retrying of its own: the
+caller owns the single retry layer for this hop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import openai
 
+from inference.chat_stream import ChatResult, ProgressCallback, StreamAssembly, extra
 from inference.client_settings import PLACEHOLDER_API_KEY, ClientSettings
-from inference.errors import InferenceRejected, InferenceUnavailable
-from inference.records import Message, SamplingSettings, Usage
+from inference.errors import (
+    FailureCause,
+    InferenceError,
+    InferenceRejected,
+    InferenceUnavailable,
+    transport_cause,
+)
+from inference.records import Message, SamplingSettings
 
 RETRYABLE_CLIENT_STATUSES = frozenset({408, 409, 429})  # timeouts and throttling: not the request's fault
-
-
-@dataclass(frozen=True)
-class ChatResult:
-    content: str
-    reasoning_content: str | None
-    finish_reason: str
-    usage: Usage
-    spec_accept_length: float | None
-    started_at: float
-    finished_at: float
-    prompt_token_ids: list[int] | None = None
-    response_token_ids: list[int] | None = None
 
 
 def build_request(messages: list[Message], sampling: SamplingSettings, rid: str) -> dict[str, Any]:
@@ -42,6 +38,8 @@ def build_request(messages: list[Message], sampling: SamplingSettings, rid: str)
         "max_completion_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
         "extra_body": {
             "top_k": sampling.top_k,
             "min_p": sampling.min_p,
@@ -49,9 +47,10 @@ def build_request(messages: list[Message], sampling: SamplingSettings, rid: str)
             "separate_reasoning": True,
             "rid": rid,
             "return_spec_tokens_details": True,
-            # SGLang 0.5.23: each choice gets `prompt_token_ids` and `response_token_ids`, the exact
-            # ids a drafter trains on (older servers ignore the field and return neither).
-            "return_token_ids": True,
+            # SGLang 0.5.23: the exact ids a drafter trains on, the prompt's as `sglext.input_ids` and the
+            # response's as `sglext.output_ids`, in one chunk after the finish (older servers send neither).
+            "return_input_ids_in_sglext": True,
+            "return_output_ids_in_sglext": True,
         },
     }
     if sampling.seed is not None:
@@ -75,45 +74,38 @@ def error_message(error: openai.APIStatusError) -> str:
     return str(error.message)
 
 
-def _extra(model: Any, name: str) -> Any:
-    extras = getattr(model, "model_extra", None) or {}
-    return extras.get(name, getattr(model, name, None))
+def retry_helps(status: int) -> bool:
+    return status >= httpx.codes.INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES
 
 
-def _spec_accept_length(response: Any) -> float | None:
-    details = (_extra(response, "sglext") or {}).get("spec_tokens_details")
-    if isinstance(details, list):
-        details = details[0] if details else None
-    if isinstance(details, dict) and details.get("spec_accept_length") is not None:
-        return float(details["spec_accept_length"])
-    return None
+def status_error(status: int, text: str) -> InferenceError:
+    """The error for an HTTP error status: unavailable when a retry can help, else rejected."""
+    if retry_helps(status):
+        return InferenceUnavailable(text, status=status, cause=FailureCause.HTTP)
+    return InferenceRejected(text, status=status)
 
 
-def _token_ids(choice: Any, name: str) -> list[int] | None:
-    ids = _extra(choice, name)
-    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        return ids
-    return None
-
-
-def _usage(response: Any) -> Usage:
-    usage = response.usage
-    reasoning = _extra(usage, "reasoning_tokens")
-    if reasoning is None and usage.completion_tokens_details is not None:
-        reasoning = usage.completion_tokens_details.reasoning_tokens
-    return Usage(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        reasoning_tokens=int(reasoning or 0),
+def stream_error(error: openai.APIError) -> InferenceError:
+    """An error event in the stream, SGLang's `data: {"error": {..., "code": 503}}` (an abort with a status:
+    out of memory, a timeout); the openai client raises it as a plain APIError with that body."""
+    body = error.body if isinstance(error.body, dict) else {}
+    code = body.get("code")
+    status = (
+        code if isinstance(code, int) and not isinstance(code, bool) else httpx.codes.INTERNAL_SERVER_ERROR
     )
+    return status_error(status, f"HTTP {status} in the stream: {error.message}")
+
+
+def _innermost(error: BaseException) -> BaseException:
+    while (cause := error.__cause__ or error.__context__) is not None:
+        error = cause
+    return error
 
 
 def why_no_answer(error: BaseException) -> str:
     """What really happened, from the innermost cause: the aiohttp transport reports a refused
     connection as httpx.ConnectTimeout, and openai then as APITimeoutError('Request timed out.')."""
-    innermost = error
-    while (cause := innermost.__cause__ or innermost.__context__) is not None:
-        innermost = cause
+    innermost = _innermost(error)
     if isinstance(innermost, ConnectionRefusedError):
         return "connection refused (is the server up and on this port?)"
     if isinstance(innermost, ConnectionResetError):
@@ -123,11 +115,22 @@ def why_no_answer(error: BaseException) -> str:
     return f"{type(innermost).__name__}: {innermost}"
 
 
+def no_answer_cause(error: BaseException) -> FailureCause:
+    """Refused, timed out or dropped; httpx's and openai's own timeouts (not builtin TimeoutErrors) too."""
+    cause = transport_cause(error)
+    if cause is FailureCause.DROPPED and isinstance(
+        _innermost(error), httpx.TimeoutException | openai.APITimeoutError
+    ):
+        return FailureCause.TIMED_OUT
+    return cause
+
+
 class SGLangClient:
     """An async client for one server. One instance per worker process, shared by all batches."""
 
     def __init__(self, settings: ClientSettings, *, http_client: httpx.AsyncClient | None = None) -> None:
         self.settings = settings
+        # Streamed, httpx's read timeout bounds each wait for a chunk; `chat` bounds the whole request.
         timeout = httpx.Timeout(settings.request_timeout_s, connect=settings.connect_timeout_s)
         limits = httpx.Limits(
             max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
@@ -141,32 +144,42 @@ class SGLangClient:
             http_client=http_client or openai.DefaultAioHttpClient(timeout=timeout, limits=limits),
         )
 
-    async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult:
+    async def chat(
+        self,
+        messages: list[Message],
+        sampling: SamplingSettings,
+        rid: str,
+        on_progress: ProgressCallback | None = None,
+    ) -> ChatResult:
+        """One completion, streamed; `on_progress` is called on every chunk. Cancelling the call closes
+        the connection, and SGLang aborts a request whose client went away."""
         started_at = time.time()
+        assembly = StreamAssembly()
+        timeout_s = self.settings.request_timeout_s
         try:
-            response = await self._openai.chat.completions.create(**build_request(messages, sampling, rid))
+            async with asyncio.timeout(timeout_s) as whole_request:
+                stream = await self._openai.chat.completions.create(**build_request(messages, sampling, rid))
+                async with stream:
+                    async for chunk in stream:
+                        assembly.add(chunk)
+                        if on_progress is not None:
+                            on_progress()
+        except TimeoutError as error:
+            if not whole_request.expired():
+                raise self._no_answer(error) from error
+            raise InferenceUnavailable(
+                f"no whole answer from {self.settings.server_url} in the request timeout ({timeout_s:g} s)",
+                cause=FailureCause.TIMED_OUT,
+            ) from error
         except openai.APIStatusError as error:
-            status = error.status_code
-            text = f"HTTP {status}: {error_message(error)}"
-            if status >= httpx.codes.INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES:
-                raise InferenceUnavailable(text, status=status) from error
-            raise InferenceRejected(text, status=status) from error
+            raise status_error(
+                error.status_code, f"HTTP {error.status_code}: {error_message(error)}"
+            ) from error
         except (openai.APIConnectionError, httpx.TransportError) as error:
             raise self._no_answer(error) from error
-        if not response.choices:
-            raise InferenceUnavailable("the server answered without a choice", status=httpx.codes.OK)
-        choice = response.choices[0]
-        return ChatResult(
-            content=choice.message.content or "",
-            reasoning_content=_extra(choice.message, "reasoning_content"),
-            finish_reason=str(choice.finish_reason),
-            usage=_usage(response),
-            spec_accept_length=_spec_accept_length(response),
-            started_at=started_at,
-            finished_at=time.time(),
-            prompt_token_ids=_token_ids(choice, "prompt_token_ids"),
-            response_token_ids=_token_ids(choice, "response_token_ids"),
-        )
+        except openai.APIError as error:
+            raise stream_error(error) from error
+        return assembly.result(started_at=started_at, finished_at=time.time())
 
     async def context_length(self) -> int | None:
         """The server's context length in tokens: `max_model_len` in `/v1/models` (the served model
@@ -178,19 +191,23 @@ class SGLangClient:
             page = await self._openai.models.list()
         except openai.APIStatusError as error:
             status = error.status_code
-            if status >= httpx.codes.INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES:
-                raise InferenceUnavailable(f"HTTP {status}: {error_message(error)}", status=status) from error
+            if retry_helps(status):
+                raise InferenceUnavailable(
+                    f"HTTP {status}: {error_message(error)}", status=status, cause=FailureCause.HTTP
+                ) from error
             return None
         except (openai.APIConnectionError, httpx.TransportError) as error:
             raise self._no_answer(error) from error
         for model in getattr(page, "data", None) or []:
-            stated = _extra(model, "max_model_len")
+            stated = extra(model, "max_model_len")
             if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0:
                 return stated
         return None
 
     def _no_answer(self, error: BaseException) -> InferenceUnavailable:
-        return InferenceUnavailable(f"no answer from {self.settings.server_url}: {why_no_answer(error)}")
+        return InferenceUnavailable(
+            f"no answer from {self.settings.server_url}: {why_no_answer(error)}", cause=no_answer_cause(error)
+        )
 
     async def close(self) -> None:
         await self._openai.close()

@@ -11,7 +11,13 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from inference.errors import InferenceError, InferenceRejected, InferenceUnavailable
+from inference.errors import (
+    FailureCause,
+    InferenceError,
+    InferenceRejected,
+    InferenceUnavailable,
+    transport_cause,
+)
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
 
 HEALTH_PATH = "/health"
@@ -70,7 +76,9 @@ class ServerProbe:
         try:
             status, body = self.get(path, timeout_s)
         except OSError as error:
-            raise InferenceUnavailable(f"GET {url}: {type(error).__name__}: {error}") from error
+            raise InferenceUnavailable(
+                f"GET {url}: {type(error).__name__}: {error}", cause=transport_cause(error)
+            ) from error
         if status == HTTP_OK:
             return url, body
         message = f"GET {url} answered {status}"
@@ -84,9 +92,13 @@ class ServerProbe:
         try:
             info = json.loads(body)
         except ValueError as error:
-            raise InferenceUnavailable(f"GET {url}: not JSON: {error}", status=HTTP_OK) from error
+            raise InferenceUnavailable(
+                f"GET {url}: not JSON: {error}", status=HTTP_OK, cause=FailureCause.MALFORMED
+            ) from error
         if not isinstance(info, dict):
-            raise InferenceUnavailable(f"GET {url}: not a JSON object", status=HTTP_OK)
+            raise InferenceUnavailable(
+                f"GET {url}: not a JSON object", status=HTTP_OK, cause=FailureCause.MALFORMED
+            )
         return info
 
     def server_info(self, timeout_s: float = INFO_TIMEOUT_S) -> dict[str, Any] | None:
@@ -104,7 +116,9 @@ class ServerProbe:
         try:
             return parse_metrics(body.decode("utf-8", errors="replace"))
         except ValueError as error:
-            raise InferenceUnavailable(f"GET {url}: not Prometheus text: {error}") from error
+            raise InferenceUnavailable(
+                f"GET {url}: not Prometheus text: {error}", cause=FailureCause.MALFORMED
+            ) from error
 
     def accept_length(self) -> float | None:
         """From /server_info; else from /metrics (served only with --enable-metrics)."""

@@ -79,7 +79,7 @@ class WorkerContext:
                     backoff_cap_s=settings.backoff_cap_s,
                 ),
                 origin=self.origin,
-                deadlines=settings.deadline_policy(),
+                silence_limit_s=settings.silence_limit_s,
             ),
         )
 

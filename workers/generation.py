@@ -25,8 +25,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import msgspec
 
 from inference.backoff import backoff_delay_s
-from inference.client import ChatResult
-from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.chat_stream import ChatResult, ProgressCallback
+from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
 from inference.quality import label_completion
 from inference.records import (
     Completion,
@@ -39,8 +39,8 @@ from inference.records import (
     Timings,
 )
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
-from workers.request_deadline import DeadlinePolicy, RequestDeadlines
 from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
+from workers.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,13 @@ CONTEXT_HEADROOM_TOKENS = 64
 
 
 class ChatClient(Protocol):
-    async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult: ...
+    async def chat(
+        self,
+        messages: list[Message],
+        sampling: SamplingSettings,
+        rid: str,
+        on_progress: ProgressCallback | None = None,
+    ) -> ChatResult: ...
     async def close(self) -> None: ...
 
 
@@ -204,16 +210,16 @@ class GenerationEngine:
         max_in_flight: int,
         retry: RetryPolicy,
         origin: Origin,
-        deadlines: DeadlinePolicy | None = None,
+        silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S,
     ) -> None:
         self._retry = retry
         self.origin = origin  # the worker names the server's facts in it once it has read them
-        self._deadlines = RequestDeadlines(deadlines or DeadlinePolicy())
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
         self._thread.start()
         self._window = self._call(self._make_window(max_in_flight))
         self._client: ChatClient = self._call(self._make_client(client_factory))
+        self._silence = SilenceWatch(silence_limit_s, self._client.chat)
         self._in_flight: set[asyncio.Task[ChatResult]] = set()
         self._suspended_because: str | None = None
         self._draining = False
@@ -444,27 +450,26 @@ class GenerationEngine:
         async with self._window:
             stop_reason = self._stop_reason(job)
             if stop_reason is not None:
-                raise InferenceUnavailable(f"not sent: {stop_reason}")
+                raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
             job.mark_sent(prompt.id)
-            task = asyncio.ensure_future(self._client.chat(prompt.messages, sampling, rid))
+            task = asyncio.ensure_future(
+                self._silence.guard(
+                    rid,
+                    sampling,
+                    lambda on_progress: self._client.chat(prompt.messages, sampling, rid, on_progress),
+                )
+            )
             self._in_flight.add(task)
-            deadline_s = self._deadlines.deadline_s(sampling.max_tokens)
             try:
-                result = await asyncio.wait_for(task, timeout=deadline_s)
-            except TimeoutError:
-                raise InferenceUnavailable(
-                    f"no answer within its deadline of {deadline_s:.0f} s, set by the server's slow decode "
-                    f"rate of late ({self._deadlines.slow_rate():.1f} tokens/s) for up to "
-                    f"{sampling.max_tokens} tokens: taken for hung"
-                ) from None
+                return await task
             except asyncio.CancelledError:
                 if self._suspended_because is None or not task.cancelled():
                     raise
-                raise InferenceUnavailable(f"abandoned: {self._suspended_because}") from None
+                raise InferenceUnavailable(
+                    f"abandoned: {self._suspended_because}", cause=FailureCause.ABANDONED
+                ) from None
             finally:
                 self._in_flight.discard(task)
-            self._deadlines.observe(result.usage.completion_tokens, result.finished_at - result.started_at)
-            return result
 
     @staticmethod
     async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:
@@ -476,6 +481,7 @@ class GenerationEngine:
             outcome.staged += 1
 
     def close(self) -> None:
+        self._call(self._silence.close())
         self._call(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()

@@ -18,7 +18,7 @@ from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BAS
 from workers.errors import InvalidSetting
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
 from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
-from workers.request_deadline import DEFAULT_DEADLINE_FACTOR, DEFAULT_DEADLINE_SLACK_S, DeadlinePolicy
+from workers.silence import DEFAULT_SILENCE_LIMIT_S
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -102,8 +102,7 @@ class WorkerSettings:
     reconcile_interval_s: float = DEFAULT_RECONCILE_INTERVAL_S
     stranded_grace_s: float = DEFAULT_STRANDED_GRACE_S
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
-    request_deadline_factor: float = DEFAULT_DEADLINE_FACTOR
-    request_deadline_slack_s: float = DEFAULT_DEADLINE_SLACK_S
+    silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S  # this long without a chunk, others streaming: hung
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(
@@ -113,9 +112,6 @@ class WorkerSettings:
             connect_timeout_s=self.connect_timeout_s,
             max_connections=self.max_in_flight * 2,
         )
-
-    def deadline_policy(self) -> DeadlinePolicy:
-        return DeadlinePolicy(factor=self.request_deadline_factor, slack_s=self.request_deadline_slack_s)
 
     def reconcile_settings(self) -> ReconcileSettings:
         return ReconcileSettings(
@@ -182,7 +178,7 @@ POSITIVE = frozenset(
         "RECONCILE_INTERVAL_S",
         "LIVENESS_POLL_S",
         "UPLOAD_LOCK_S",
-        "REQUEST_DEADLINE_FACTOR",
+        "SILENCE_LIMIT_S",
     }
 )
 

@@ -46,6 +46,7 @@ class SimRequest:
     prompt_tokens: int
     target_tokens: int
     streaming: bool
+    stalled: bool = False  # admitted and given its first token, then never another (a prompt fault)
     arrival_model_s: float = 0.0
     arrival_wall_s: float = 0.0
     phase: Phase = Phase.WAITING
@@ -104,6 +105,8 @@ class Engine:
     def _tokens_after(self, request: SimRequest, steps: int) -> int:
         if request.target_tokens == 0:
             return 0
+        if request.stalled:
+            return 1
         return min(request.target_tokens, 1 + steps * self._accept_num // self._accept_den)
 
     def _steps_needed(self, target_tokens: int) -> int:
@@ -217,7 +220,7 @@ class Engine:
         finally:
             if self._step != start_step:
                 for request in self._running:
-                    if request.streaming:
+                    if request.streaming and not request.stalled:
                         request.progress.set()
 
     def _advance_until(self, now: float) -> float | None:
@@ -265,7 +268,7 @@ class Engine:
         return self._heap[0][0] - self._step if self._heap else math.inf
 
     def _steps_per_stream_chunk(self, step_s: float) -> float:
-        if not any(request.streaming for request in self._running):
+        if not any(request.streaming and not request.stalled for request in self._running):
             return math.inf
         interval_model_s = self._settings.stream_min_interval_wall_s * self._settings.speedup
         return max(1, math.floor(interval_model_s / step_s))
@@ -279,7 +282,8 @@ class Engine:
             request.admitted_wall_s = request.first_token_wall_s = now_wall
             request.finish_step = self._step + self._steps_needed(request.target_tokens)
             self._running.add(request)
-            heapq.heappush(self._heap, (request.finish_step, next(self._sequence), request))
+            if not request.stalled:  # a stalled request holds its slot until it is aborted
+                heapq.heappush(self._heap, (request.finish_step, next(self._sequence), request))
             request.progress.set()
         self.total_prefill_tokens += new_tokens
         throughput = new_tokens / duration_s * self._settings.speedup if duration_s > 0 else 0.0

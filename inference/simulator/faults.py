@@ -1,8 +1,9 @@
-"""Faults on demand: injected errors, hangs, dropped connections, a crash, a whole-server hang.
+"""Faults on demand: injected errors, hangs, dropped connections, a crash, a whole-server hang, and
+faults keyed by prompt content (`prompt_faults.py`).
 
 Set at start from the settings; switched at run time through `POST /admin/faults`. Each chat request
-draws its fate once from a seeded generator (independent of the thinking model, so faults never
-change what a prompt generates).
+draws its fate once: from its prompt's fault if its messages match one, else from a seeded generator
+(independent of the thinking model, so faults never change what a prompt generates).
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ import os
 import random
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from inference.simulator.prompt_faults import (
+    PromptFault,
+    PromptFaultKind,
+    PromptFaults,
+    messages_text,
+    normalised,
+    parse_prompt_faults,
+)
 from inference.simulator.settings import ERROR_STATUS_CHOICES, SimulatorSettings
 
 FAULT_SEED_SALT = 0x5EED_FA17
@@ -32,6 +42,7 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
     drop_rate: float = 0.0
     crash_after_requests: int | None = None  # the process dies when chat request N+1 arrives
     server_hang: bool = False
+    prompt_faults: dict[str, PromptFault] = msgspec.field(default_factory=dict)
 
     def problems(self) -> list[str]:
         found = [
@@ -45,6 +56,8 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
             found.append("error_status must be 500 or 503")
         if self.crash_after_requests is not None and self.crash_after_requests < 0:
             found.append("crash_after_requests must be non-negative or null")
+        for substring, fault in self.prompt_faults.items():
+            found.extend(fault.problems(substring))
         return found
 
     @classmethod
@@ -56,14 +69,16 @@ class Faults(msgspec.Struct, kw_only=True, frozen=True):
             drop_rate=settings.drop_rate,
             crash_after_requests=settings.crash_after_requests,
             server_hang=settings.server_hang,
+            prompt_faults=parse_prompt_faults(settings.prompt_faults),
         )
 
 
 class Fate(enum.Enum):
     NORMAL = "normal"
     ERROR = "error"
-    HANG = "hang"
+    HANG = "hang"  # never answered, never admitted
     DROP = "drop"
+    STALL = "stall"  # admitted, its first token (a stream's first chunk), then nothing: the slot held
 
 
 class FaultController:
@@ -84,12 +99,15 @@ class FaultController:
         return self._received
 
     def update(self, changes: dict[str, Any]) -> Faults:
-        """Apply a partial update; raises ValueError (unknown key, bad value). Crash counts restart."""
+        """Apply a partial update; raises ValueError (unknown key, bad value). Crash counts restart;
+        `prompt_faults`, when given, replaces every prompt fault."""
         unknown = set(changes) - set(Faults.__struct_fields__)
         if unknown:
             raise ValueError(f"unknown fault fields: {sorted(unknown)}")
-        merged = msgspec.structs.asdict(self.faults) | changes
+        merged = msgspec.to_builtins(self.faults) | changes
         try:
+            if isinstance(merged["prompt_faults"], Mapping):
+                merged["prompt_faults"] = msgspec.to_builtins(normalised(merged["prompt_faults"]))
             faults = msgspec.convert(merged, Faults)
         except msgspec.ValidationError as exc:
             raise ValueError(str(exc)) from exc
@@ -111,7 +129,10 @@ class FaultController:
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def draw(self) -> Fate:
+    def draw(self, messages: Sequence[Mapping[str, Any]]) -> Fate:
+        prompt_fate = self._prompt_fate(messages)
+        if prompt_fate is not None:
+            return prompt_fate
         faults = self.faults
         if not (faults.error_rate or faults.hang_rate or faults.drop_rate):
             return Fate.NORMAL
@@ -125,3 +146,25 @@ class FaultController:
                 return fate
             draw -= rate
         return Fate.NORMAL
+
+    def _prompt_fate(self, messages: Sequence[Mapping[str, Any]]) -> Fate | None:
+        """The fate of the first prompt fault whose substring is in the messages, spending one of its
+        times; None when none matches."""
+        if not self.faults.prompt_faults:
+            return None
+        text = messages_text(messages)
+        for substring, fault in self.faults.prompt_faults.items():
+            if substring in text:
+                self._spend(substring, fault)
+                return Fate.DROP if fault.fault is PromptFaultKind.DROP else Fate.STALL
+        return None
+
+    def _spend(self, substring: str, fault: PromptFault) -> None:
+        if fault.times is None:
+            return
+        remaining: PromptFaults = dict(self.faults.prompt_faults)
+        if fault.times > 1:
+            remaining[substring] = msgspec.structs.replace(fault, times=fault.times - 1)
+        else:
+            del remaining[substring]
+        self.faults = msgspec.structs.replace(self.faults, prompt_faults=remaining)

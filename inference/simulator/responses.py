@@ -134,24 +134,28 @@ def chunk_body(
 
 
 def empty_choices_chunk(rid: str, created: int, model: str, **extra: Any) -> dict[str, Any]:
-    """The trailing `choices: []` chunk that carries `usage` or `sglext`."""
+    """The trailing `choices: []` chunk that carries `usage` or `sglext`. SGLang serialises it with
+    pydantic, which writes `usage: null` and drops only a None `sglext`."""
     return {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": [],
+        "usage": None,
         **extra,
     }
 
 
-FIRST_DELTA: dict[str, Any] = {"role": "assistant", "content": "", "reasoning_content": None}
-FINISH_DELTA: dict[str, Any] = {"content": None, "reasoning_content": None}
+# SGLang's `StreamDelta` (`sse_utils.py`) is a msgspec struct with omit_defaults: `role` and `content`
+# are left out when None, `reasoning_content` is always written (null or text), in this key order.
+FIRST_DELTA: dict[str, Any] = {"reasoning_content": None, "role": "assistant", "content": ""}
+FINISH_DELTA: dict[str, Any] = {"reasoning_content": None}
 
 
 def reasoning_delta(text: str) -> dict[str, Any]:
-    return {"content": None, "reasoning_content": text}
+    return {"reasoning_content": text}
 
 
 def content_delta(text: str) -> dict[str, Any]:
-    return {"content": text, "reasoning_content": None}
+    return {"reasoning_content": None, "content": text}

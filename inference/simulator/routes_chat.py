@@ -126,7 +126,7 @@ class _ChatCall:
         record.prompt_tokens = validate_chat_request(settings, body)
         if record.rid in state.in_flight:
             raise bad_request(f"Duplicate request ID detected: {record.rid}")
-        fate = state.faults.draw()
+        fate = state.faults.draw(body.messages)
         if fate is Fate.ERROR:
             record.status = "error"
             if state.faults.faults.error_status == web.HTTPServiceUnavailable.status_code:
@@ -146,13 +146,20 @@ class _ChatCall:
         produce = len(plan.pieces)
         if fate is Fate.DROP:
             produce = min(produce, max(1, produce // 2))
-        request = SimRequest(prompt_tokens=record.prompt_tokens, target_tokens=produce, streaming=body.stream)
+        request = SimRequest(
+            prompt_tokens=record.prompt_tokens,
+            target_tokens=produce,
+            streaming=body.stream,
+            stalled=fate is Fate.STALL,
+        )
         state.in_flight[record.rid] = request
         submitted = False
         try:
             if fate is Fate.HANG:
                 record.status = "hung"
                 await asyncio.get_running_loop().create_future()  # never resolved: the client gives up
+            if fate is Fate.STALL:
+                record.status = "hung"  # admitted, then silent until the client gives up
             try:
                 state.engine.submit(request)
             except QueueFullError as exc:
@@ -233,10 +240,11 @@ class _ChatCall:
         *,
         drop: bool,
     ) -> web.StreamResponse:
+        # SGLang answers 200 with the first chunk (it waits for the first output, so that an error up
+        # to then is still a plain HTTP error): a request waiting in the queue has no headers yet.
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await response.prepare(self.http)
         rid, model, created = record.rid, body.model, self.created
         emitted, started = 0, False
         held_reasoning: list[str] = []
@@ -246,6 +254,7 @@ class _ChatCall:
             produced = self.state.engine.produced(request)
             if not started and (produced > 0 or request.phase is Phase.FINISHED):
                 started = True
+                await response.prepare(self.http)
                 await response.write(_sse(chunk_body(rid, created, model, FIRST_DELTA)))
             if produced > emitted:
                 reasoning, content = plan.split(emitted, produced)

@@ -19,6 +19,7 @@ from typing import Any
 
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
+from inference.simulator.prompt_faults import parse_prompt_faults
 
 # Served model and server identity (SGLang 0.5.23 serving Qwen3.6-27B with MTP).
 DEFAULT_HOST = "127.0.0.1"
@@ -175,6 +176,11 @@ class SimulatorSettings:
         "SIGKILL the process when chat request N+1 arrives.", default=None
     )
     server_hang: bool = _option("Start hung: /health 200 but no token is produced.", default=False)
+    prompt_faults: str | None = _option(
+        'Faults keyed by prompt content, a JSON object: {"SUBSTRING": "drop"|"hang"} or '
+        '{"SUBSTRING": {"fault": "hang", "times": N}} (docs/simulator.md).',
+        default=None,
+    )
     request_log_size: int = _option(
         "Finished requests kept for GET /admin/requests.", default=DEFAULT_REQUEST_LOG_SIZE
     )
@@ -221,6 +227,10 @@ class SimulatorSettings:
                 problems.append(f"--{name.replace('_', '-')} must be in [0, 1]")
         if self.error_rate + self.hang_rate + self.drop_rate > 1.0:
             problems.append("--error-rate + --hang-rate + --drop-rate must not exceed 1")
+        try:
+            parse_prompt_faults(self.prompt_faults)
+        except ValueError as error:
+            problems.append(str(error))
         if problems:
             raise ValueError("; ".join(problems))
 

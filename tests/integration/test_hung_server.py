@@ -1,5 +1,7 @@
 """A server that hangs with `/health` still 200: the generate worker notices by token progress, puts its
 work back in the queue, restarts the server with its restart command, and the run completes, nothing lost.
+A single request the server leaves silent while it streams the others is cut and tried again, and its
+prompt committed once.
 
 Real processes throughout: redis-server, a simulated GPU over HTTP, a generate worker and an uploader.
 """
@@ -34,6 +36,11 @@ STALL_S = "3"  # the per-step counter moves every decode step; completions come 
 POLL_S = "0.25"
 GATE_TIMEOUT_S = 60.0
 WAIT_S = 30.0
+# 2 s, not the default 30 s, so that the test takes seconds: at speedup 20 every request here streams a
+# chunk every 10-20 ms, so 2 s of silence is still a hundred chunk intervals.
+SILENCE_LIMIT_S = 2.0
+LATENESS_S = 2.0  # how late past the limit the cut may come on a busy test machine
+SILENT_PROMPT = 7
 
 RESTART_SCRIPT = '''\
 """Stands in for `systemctl restart`: once the test opens the gate, it clears the simulator's hang."""
@@ -92,6 +99,13 @@ def stack(
         },
     ).start()
     yield running
+    running.stop()
+
+
+@pytest.fixture
+def silence_stack(redis_url: str, log_dir: Path, sim: SimulatorProcess) -> Iterator[Stack]:
+    running = Stack(redis_url, log_dir, [sim], extra_env={"DRAFTGEN_SILENCE_LIMIT_S": str(SILENCE_LIMIT_S)})
+    yield running.start()
     running.stop()
 
 
@@ -165,3 +179,34 @@ def test_a_server_without_metrics_refuses_the_scrape_with_404() -> None:
     ):
         ServerProbe(plain.url).metrics()
     assert refused.value.status == 404
+
+
+def test_a_request_left_silent_while_others_stream_is_cut_and_its_prompt_committed_once(
+    silence_stack: Stack, sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    # Given a run whose prompt 7 the server accepts and then leaves silent, the first time it comes
+    rows = prompt_files.questions(PROMPTS, "silent")
+    poison = f"Question silent {SILENT_PROMPT}:"
+    sim.admin.set_faults(prompt_faults={poison: {"fault": "hang", "times": 1}})
+    data = prompt_files.write_jsonl(tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in rows])
+    run = "silence"
+    silence_stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
+    # When the run completes
+    silence_stack.wait_finished(run, timeout_s=WAIT_S)
+    result = silence_stack.verify(run)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Then every prompt is committed once, the silent one on its second attempt, none dead-lettered
+    committed = silence_stack.committed_rows(run)
+    attempts = {str(row["prompt_id"]): row["attempt"] for row in committed}
+    assert len(committed) == len(attempts) == PROMPTS
+    assert attempts.pop(f"silent-{SILENT_PROMPT}") == 2 and set(attempts.values()) == {1}
+    assert RunLedger(redis.Redis.from_url(silence_stack.redis_url), run).counts().dead == 0
+    # And the worker cut it within the silence limit of its last chunk, and the server freed its slot
+    first = min(
+        (r for r in sim.admin.requests() if r.rid.startswith(f"{run}:silent-{SILENT_PROMPT}:")),
+        key=lambda r: r.received_at,
+    )
+    assert (first.status, first.finish_reason) == ("hung", "abort")
+    assert first.first_token_at is not None and first.finished_at is not None
+    assert SILENCE_LIMIT_S <= first.finished_at - first.first_token_at < SILENCE_LIMIT_S + LATENESS_S
+    assert "taken for hung" in silence_stack.generators[0].log_text()

@@ -7,28 +7,29 @@ import asyncio
 
 import httpx
 
-from inference.client import ChatResult, SGLangClient
+from inference.chat_stream import ChatResult
+from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.records import Message, SamplingSettings
 from inference.server_facts import facts_from_server_info
 from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess
+from tests.support import sse
 
 BUDGET = 4096
-OLDER_SERVER_BODY = {
-    "id": "r1",
-    "object": "chat.completion",
-    "created": 0,
-    "model": "default",
-    "choices": [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": "\n\nanswer", "reasoning_content": "thought\n"},
-            "finish_reason": "stop",
-        }
-    ],
-    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13, "reasoning_tokens": 2},
-}
+USAGE = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13, "reasoning_tokens": 2}
+
+
+def older_server(_: httpx.Request) -> httpx.Response:
+    """A stream without the trailing sglext chunk of ids, as from SGLang before 0.5.23."""
+    return sse.event_stream(
+        sse.chunk({"role": "assistant", "content": "", "reasoning_content": None}),
+        sse.chunk({"reasoning_content": "thought\n"}),
+        sse.chunk({"reasoning_content": None, "content": "\n\nanswer"}),
+        sse.chunk({"reasoning_content": None}, finish_reason="stop"),
+        sse.chunk(usage=USAGE),
+        sse.DONE,
+    )
 
 
 def chat(server_url: str, http_client: httpx.AsyncClient | None = None) -> ChatResult:
@@ -53,7 +54,7 @@ def test_every_completion_carries_the_ids_the_server_tokenized_and_sampled(
 
 
 def test_a_server_without_token_ids_still_gives_a_completion_without_them() -> None:
-    transport = httpx.MockTransport(lambda _: httpx.Response(200, json=OLDER_SERVER_BODY))
+    transport = httpx.MockTransport(older_server)
     result = chat("http://older-sglang:30000", httpx.AsyncClient(transport=transport))
     assert result.content == "\n\nanswer"
     assert result.prompt_token_ids is None and result.response_token_ids is None

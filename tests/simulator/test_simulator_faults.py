@@ -1,4 +1,5 @@
-"""Faults on demand: errors, hangs, drops, slow start, crash, whole-server hang; the admin routes."""
+"""Faults on demand: errors, hangs, drops, slow start, crash, whole-server hang, faults keyed by prompt
+content; the admin routes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import openai
 import pytest
 
 from inference.simulator import AdminClient, SimulatorProcess, SimulatorSettings
-from tests.simulator.test_simulator_scheduler import poll_until, send_in_background
+from inference.simulator.prompt_faults import PromptFault, PromptFaultKind
+from tests.simulator.test_simulator_scheduler import poll_until, running_and_queued, send_in_background
 from tests.support.simulator_client import make_client, user
 
 SHORT_TIMEOUT_S = 0.5
@@ -150,3 +152,76 @@ def test_a_crash_can_be_armed_while_running(start_simulator: Callable[..., Simul
     with make_client(sim) as client, pytest.raises(openai.APIConnectionError):
         client.chat.completions.create(model="default", messages=user("dies now"), max_tokens=2)
     assert sim.wait_for_exit(timeout_s=10) == -signal.SIGKILL
+
+
+def stream_lines(sim: SimulatorProcess, text: str, rid: str) -> Iterator[str]:
+    """The `data:` lines of a stream of `text`, read with a short timeout: a silence raises ReadTimeout."""
+    with httpx.stream(
+        "POST",
+        sim.base_url + "/chat/completions",
+        json={"messages": user(text), "max_tokens": 200, "stream": True, "rid": rid},
+        timeout=SHORT_TIMEOUT_S,
+    ) as response:
+        yield from (line for line in response.iter_lines() if line.startswith("data: "))
+
+
+def test_a_prompt_fault_hangs_every_matching_stream_after_its_first_chunk_holding_its_slot(
+    faulty: SimulatorProcess,
+) -> None:
+    faulty.admin.set_faults(prompt_faults={"poison": "hang"})
+    for attempt in range(2):
+        # The matching stream gets its 200 and first chunk, then nothing more, its slot held
+        lines = stream_lines(faulty, f"a poison prompt, try {attempt}", rid=f"poisoned-{attempt}")
+        assert '"role":"assistant"' in next(lines)
+        with pytest.raises(httpx.ReadTimeout):
+            list(lines)
+        # And once its client has gone, the request is logged hung and its slot is free
+        poll_until(lambda attempt=attempt: len(faulty.admin.requests(rid=f"poisoned-{attempt}")) == 1)
+        assert faulty.admin.requests(rid=f"poisoned-{attempt}")[0].status == "hung"
+        assert running_and_queued(faulty) == (0, 0)
+    # While a prompt without the substring streams to its end
+    assert list(stream_lines(faulty, "a healthy prompt", rid="healthy"))[-1] == "data: [DONE]"
+
+
+def test_a_prompt_fault_for_the_first_n_matching_requests_is_spent_after_them(
+    faulty: SimulatorProcess,
+) -> None:
+    faulty.admin.set_faults(prompt_faults={"poison": {"fault": "hang", "times": 1}})
+    with make_client(faulty, timeout_s=SHORT_TIMEOUT_S) as client:
+        # The first matching request hangs (not streamed: no answer at all)
+        with pytest.raises(openai.APITimeoutError):
+            client.chat.completions.create(model="default", messages=user("poison once"), max_tokens=5)
+        assert faulty.admin.faults().prompt_faults == {}
+        # And the next one, the retry, is answered
+        retried = client.chat.completions.create(model="default", messages=user("poison once"), max_tokens=5)
+    assert retried.choices[0].finish_reason == "length"
+
+
+def test_a_drop_prompt_fault_cuts_the_connection_of_every_matching_request(faulty: SimulatorProcess) -> None:
+    faulty.admin.set_faults(prompt_faults={"poison": PromptFaultKind.DROP})
+    with make_client(faulty) as client:
+        for stream in (False, True):
+            with pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)):
+                response = client.chat.completions.create(
+                    model="default", messages=user("the poison"), max_tokens=200, stream=stream
+                )
+                if stream:
+                    list(response)  # type: ignore[arg-type]
+        assert client.chat.completions.create(model="default", messages=user("healthy"), max_tokens=5).choices
+    dropped = [record for record in faulty.admin.requests() if record.status == "dropped"]
+    assert len(dropped) == 2
+
+
+def test_prompt_faults_are_set_at_start_and_validated(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    sim = start_simulator(prompt_faults='{"poison": {"fault": "drop", "times": 2}, "bad": "hang"}')
+    assert sim.admin.faults().prompt_faults == {
+        "poison": PromptFault(fault=PromptFaultKind.DROP, times=2),
+        "bad": PromptFault(fault=PromptFaultKind.HANG),
+    }
+    for refused in ({"poison": "explode"}, {"poison": {"fault": "hang", "times": 0}}, {"": "hang"}):
+        response = httpx.post(sim.url + "/admin/faults", json={"prompt_faults": refused}, timeout=10)
+        assert response.status_code == 400, refused
+    with pytest.raises(ValueError, match="prompt-faults"):
+        SimulatorSettings(prompt_faults="[1, 2]")

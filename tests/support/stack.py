@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import redis
 
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from workers.keys import RunKeys
 from workers.ledger import RunLedger
+from workers.manifest import completion_keys, read_manifest
+from workers.runs import decode_run_settings
+from workers.storage import open_store
 
 FAST_WORKER_ENV = {
     "DRAFTGEN_UPLOAD_MAX_AGE_S": "1",
@@ -94,6 +100,15 @@ class Stack:
 
     def verify(self, run: str) -> subprocess.CompletedProcess[str]:
         return self.producer("verify", "--run", run)
+
+    def committed_rows(self, run: str) -> list[dict[str, object]]:
+        """Every row of the run's committed Parquet objects (those its manifest lists)."""
+        settings = decode_run_settings(redis.Redis.from_url(self.redis_url).get(RunKeys(run).settings))
+        store = open_store(settings.output_url)
+        rows: list[dict[str, object]] = []
+        for key in completion_keys(read_manifest(store)):
+            rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
+        return rows
 
 
 def simulators(count: int, **settings: object) -> list[SimulatorProcess]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from devstack.local_stack import wait_until
-from inference.client import ChatResult
+from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.records import Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder
@@ -53,7 +53,13 @@ class FakeServer:
         with self.lock:
             return self.release.setdefault(prompt_id, threading.Event())
 
-    async def chat(self, messages: list[Message], sampling: SamplingSettings, rid: str) -> ChatResult:
+    async def chat(
+        self,
+        messages: list[Message],
+        sampling: SamplingSettings,
+        rid: str,
+        on_progress: ProgressCallback | None = None,
+    ) -> ChatResult:
         prompt_id = rid.split(":")[1]
         with self.lock:
             self.started.append(prompt_id)

@@ -12,7 +12,7 @@ from inference.quality import label_completion
 from inference.records import Quality
 
 if TYPE_CHECKING:  # the client pulls in openai; these rules only read its results
-    from inference.client import ChatResult
+    from inference.chat_stream import ChatResult
 
 THINK_TAGS = ("<think>", "</think>")
 
