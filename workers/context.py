@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+SERVER_IDENTITY_CHARS = 8  # of the seat token: tells this process's strikes from its predecessors'
 TAILS_SETTLE_MARGIN_S = 5.0  # beyond the shutdown grace: the tails' hand-backs are a few Redis calls
 
 
@@ -79,6 +80,7 @@ class WorkerContext:
                     backoff_cap_s=settings.backoff_cap_s,
                 ),
                 origin=self.origin,
+                server_identity=self.seat.token[:SERVER_IDENTITY_CHARS],
                 silence_limit_s=settings.silence_limit_s,
             ),
         )

@@ -14,10 +14,11 @@ reasoning lengths' heavy tail, a batch spends most of its life waiting for one o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -31,6 +32,7 @@ from inference.quality import label_completion
 from inference.records import (
     Completion,
     DeadLetter,
+    DeadLetterReason,
     Message,
     Origin,
     Prompt,
@@ -39,6 +41,8 @@ from inference.records import (
     Timings,
 )
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
+from workers.ledger import gpu_label
+from workers.poison import STRIKING_CAUSES, PoisonPolicy, Strike, Verdict, describe
 from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 from workers.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
 
@@ -50,6 +54,7 @@ R = TypeVar("R")
 REASON_REJECTED = "rejected_by_server"
 REASON_EXHAUSTED = "failed_every_attempt"
 REASON_TRUNCATED = "truncated_in_thinking"
+REASON_POISON = DeadLetterReason.POISON_PROMPT.value
 # SGLang adds speculative decoding's reserved tokens, max(topk * steps, draft tokens), to the input
 # before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
 # out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.
@@ -75,10 +80,13 @@ class StatesContextLength(Protocol):
 
 
 class Handover(Protocol):
-    """Where finished work goes: the upload path (staged) or the dead-letter set. Blocking calls."""
+    """Where finished work goes: the upload path (staged) or the dead-letter set; and the failed requests
+    of prompts, kept across workers (workers/poison.py). Blocking calls."""
 
     def stage(self, completion: Completion) -> bool: ...
     def dead_letter(self, letter: DeadLetter) -> bool: ...
+    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]: ...
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]: ...
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,7 @@ class _Job:
     unsent: int = 0  # prompts whose first request has not been sent yet
     sent: threading.Event = field(default_factory=threading.Event)
     sent_ids: set[str] = field(default_factory=set)
+    alone: set[str] = field(default_factory=set)  # suspects: sent with nothing else in flight
 
     def mark_sent(self, prompt_id: str) -> None:
         """The prompt's first request went out, or it settled without one. Called on the loop only."""
@@ -211,13 +220,21 @@ class GenerationEngine:
         retry: RetryPolicy,
         origin: Origin,
         silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S,
+        poison: PoisonPolicy | None = None,
+        server_identity: str = "",
     ) -> None:
         self._retry = retry
         self.origin = origin  # the worker names the server's facts in it once it has read them
+        self._poison = poison or PoisonPolicy()
+        self._server_identity = server_identity or uuid.uuid4().hex[:8]  # which server, which process
+        self._server_life = 0  # moves on each time the server went down: the strikes' `life`
+        self._served_since_down = True
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
         self._thread.start()
         self._window = self._call(self._make_window(max_in_flight))
+        self._nobody_alone, self._idle = self._call(self._make_events())
+        self._alone_lock = self._call(self._make_lock())
         self._client: ChatClient = self._call(self._make_client(client_factory))
         self._silence = SilenceWatch(silence_limit_s, self._client.chat)
         self._in_flight: set[asyncio.Task[ChatResult]] = set()
@@ -227,6 +244,17 @@ class GenerationEngine:
     @staticmethod
     async def _make_window(size: int) -> asyncio.Semaphore:
         return asyncio.Semaphore(size)
+
+    @staticmethod
+    async def _make_events() -> tuple[asyncio.Event, asyncio.Event]:
+        nobody_alone, idle = asyncio.Event(), asyncio.Event()
+        nobody_alone.set()
+        idle.set()
+        return nobody_alone, idle
+
+    @staticmethod
+    async def _make_lock() -> asyncio.Lock:
+        return asyncio.Lock()
 
     @staticmethod
     async def _make_client(factory: Callable[[], ChatClient]) -> ChatClient:
@@ -311,6 +339,11 @@ class GenerationEngine:
         return BatchJob(job.sent, done)
 
     async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
+        if prompts:  # one read a batch: which of its prompts failed before, here or elsewhere
+            known = await asyncio.to_thread(job.handover.strikes_of, [p.id for p in prompts])
+            job.alone = {
+                pid for pid, strikes in known.items() if self._poison.judge(strikes) is not Verdict.AS_USUAL
+            }
         await asyncio.gather(*(self._one(job, p) for p in prompts))
         return job.outcome
 
@@ -398,8 +431,9 @@ class GenerationEngine:
         last_error: InferenceUnavailable | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
+            alone = prompt.id in job.alone
             try:
-                result = await self._chat(job, prompt, sampling, rid)
+                result = await self._chat(job, prompt, sampling, rid, alone=alone)
             except InferenceRejected as error:
                 if budget_retries:
                     raise  # a refused budget retry: the caller keeps the completion it had
@@ -417,6 +451,14 @@ class GenerationEngine:
                 last_error = error
                 if self._stop_reason(job) is not None:
                     break
+                if error.cause in STRIKING_CAUSES and not budget_retries:
+                    strikes = await self._strike(job, prompt, error, alone=alone)
+                    verdict = self._poison.judge(strikes)
+                    if verdict is Verdict.DEAD:
+                        await self._dead_letter_poison(job, prompt, strikes)
+                        return None
+                    if verdict is Verdict.ALONE:
+                        job.alone.add(prompt.id)
                 log.warning(
                     "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
                 )
@@ -427,6 +469,7 @@ class GenerationEngine:
                         )
                     )
                 continue
+            self._served_since_down = True
             return build_completion(prompt, result, sampling, self.origin, attempt, budget_retries)
         assert last_error is not None
         if budget_retries:
@@ -446,8 +489,43 @@ class GenerationEngine:
         await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
         return None
 
-    async def _chat(self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
-        async with self._window:
+    async def _strike(
+        self, job: _Job, prompt: Prompt, error: InferenceUnavailable, *, alone: bool
+    ) -> list[Strike]:
+        """Keep this failure of the prompt with its others (across workers), judged on its own or with
+        the server: cut for its own silence, sent alone, or the server still answering, it is the
+        prompt's; else the server went down, and this server's life ends."""
+        on_its_own = alone or error.cause is FailureCause.SILENT
+        if not on_its_own:
+            why = f"prompt {prompt.id}: {error}"
+            on_its_own = await self._silence.server_generates(job.sampling, why=why)
+        strike = Strike(
+            life=f"{gpu_label(self.origin)}#{self._server_identity}.{self._server_life}",
+            cause=error.cause.value,
+            on_its_own=on_its_own,
+            alone=alone,
+        )
+        if not on_its_own and self._served_since_down:
+            self._server_life += 1
+            self._served_since_down = False
+        return await asyncio.to_thread(job.handover.strike, prompt.id, strike)
+
+    async def _dead_letter_poison(self, job: _Job, prompt: Prompt, strikes: list[Strike]) -> None:
+        letter = DeadLetter(
+            prompt_id=prompt.id,
+            row=prompt.row,
+            file=prompt.file,
+            reason=REASON_POISON,
+            error=describe(strikes),
+            attempts=len(strikes),
+        )
+        log.error("prompt %s is dead-lettered as a poison prompt: %s", prompt.id, letter.error)
+        await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
+
+    async def _chat(
+        self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str, *, alone: bool = False
+    ) -> ChatResult:
+        async with self._slot(alone=alone):
             stop_reason = self._stop_reason(job)
             if stop_reason is not None:
                 raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
@@ -460,6 +538,7 @@ class GenerationEngine:
                 )
             )
             self._in_flight.add(task)
+            self._idle.clear()
             try:
                 return await task
             except asyncio.CancelledError:
@@ -470,6 +549,32 @@ class GenerationEngine:
                 ) from None
             finally:
                 self._in_flight.discard(task)
+                if not self._in_flight:
+                    self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, *, alone: bool) -> AsyncIterator[None]:
+        """One of the window's slots; or, for a suspect, the whole server: it waits for every request
+        in flight to end, and nothing else is sent until it ends, so that its failure tells."""
+        if not alone:
+            while True:
+                await self._nobody_alone.wait()
+                await self._window.acquire()
+                if self._nobody_alone.is_set():
+                    break
+                self._window.release()  # a suspect came first: let it have the server
+            try:
+                yield
+            finally:
+                self._window.release()
+            return
+        async with self._alone_lock:
+            self._nobody_alone.clear()
+            try:
+                await self._idle.wait()
+                yield
+            finally:
+                self._nobody_alone.set()
 
     @staticmethod
     async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:

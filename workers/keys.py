@@ -157,6 +157,11 @@ class RunKeys:
         return self._key("dead")
 
     @property
+    def strikes(self) -> str:
+        """Hash prompt id -> its failed requests (JSON list of workers.poison.Strike): poison prompts."""
+        return self._key("strikes")
+
+    @property
     def dead_pending(self) -> str:
         """Sorted set of dead-lettered prompt ids not yet committed to the object store, by time."""
         return self._key("dead_pending")

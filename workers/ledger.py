@@ -16,6 +16,7 @@ import redis
 from inference.records import Completion, DeadLetter, Origin, Prompt
 from workers.codec import encode_blob
 from workers.keys import RunKeys
+from workers.poison import STRIKES_KEPT, Strike
 from workers.protocol import Scripts
 from workers.stats_fields import (
     COMPLETION_TOKENS,
@@ -110,6 +111,24 @@ class RunLedger:
         keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats, self.keys.dead_pending]
         args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return bool(self._scripts.dead_letter(keys=keys, args=args))
+
+    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]:
+        """Keep one failed request of a prompt; returns every one kept of it, across workers."""
+        raw = self._scripts.strike(
+            keys=[self.keys.strikes], args=[prompt_id, msgspec.json.encode(strike), STRIKES_KEPT]
+        )
+        return msgspec.json.decode(raw, type=list[Strike])
+
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]:
+        """The failed requests kept of these prompts (those with none are left out)."""
+        if not prompt_ids:
+            return {}
+        raws = self.client.hmget(self.keys.strikes, list(prompt_ids))
+        return {
+            prompt_id: msgspec.json.decode(raw, type=list[Strike])
+            for prompt_id, raw in zip(prompt_ids, raws, strict=True)
+            if raw is not None
+        }
 
     def commit(
         self,

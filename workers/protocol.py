@@ -120,6 +120,19 @@ return 1
 """
 )
 
+# A prompt's failed request is kept with the others of that prompt, across workers (workers/poison.py).
+# KEYS: strikes. ARGV: prompt id, the strike (JSON), how many are kept. Returns the prompt's strikes
+# (a JSON list, oldest first).
+STRIKE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local strikes = raw and cjson.decode(raw) or {}
+table.insert(strikes, cjson.decode(ARGV[2]))
+while #strikes > tonumber(ARGV[3]) do table.remove(strikes, 1) end
+local encoded = cjson.encode(strikes)
+redis.call('HSET', KEYS[1], ARGV[1], encoded)
+return encoded
+"""
+
 # --------------------------------------------------------------------------- upload: commit
 
 # What the manifest says of a prompt wins over what Redis remembers of it: a Redis that lost its last
@@ -380,6 +393,7 @@ class Scripts:
     claim: Script
     stage: Script
     dead_letter: Script
+    strike: Script
     commit: Script
     mark_committed: Script
     extend_lock: Script
@@ -400,6 +414,7 @@ class Scripts:
             claim=client.register_script(CLAIM),
             stage=client.register_script(STAGE),
             dead_letter=client.register_script(DEAD_LETTER),
+            strike=client.register_script(STRIKE),
             commit=client.register_script(COMMIT),
             mark_committed=client.register_script(MARK_COMMITTED),
             extend_lock=client.register_script(EXTEND_LOCK),

@@ -189,6 +189,14 @@ class SilenceWatch:
 
     async def _question_server(self, sampling: SamplingSettings) -> None:
         """Ask a one-token question; answered in time, look at every request again at once."""
+        if not await self.server_generates(sampling, why="a lone request is silent"):
+            return
+        for key in list(self._guarded):
+            self._look(key)
+
+    async def server_generates(self, sampling: SamplingSettings, *, why: str) -> bool:
+        """Whether the server answers a one-token question within half the limit (as readiness asks
+        it): it generates, whatever happened to one request of it."""
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
         question = msgspec.structs.replace(sampling, max_tokens=READY_MAX_TOKENS)
@@ -198,15 +206,14 @@ class SilenceWatch:
                 await self._ask([Message(role="user", content=READY_PROMPT)], question, rid)
         except (InferenceError, TimeoutError) as error:
             log.warning(
-                "a lone request is silent and the server did not answer a one-token question in %g s "
-                "(%s): left to liveness",
+                "%s, and the server did not answer a one-token question in %g s (%s)",
+                why,
                 self._judge.active_window_s,
                 str(error) or "timed out",
             )
-            return
+            return False
         self._judge.server_answered(sent_at=sent_at, now=loop.time())
-        for key in list(self._guarded):
-            self._look(key)
+        return True
 
     async def close(self) -> None:
         if self._question is not None:

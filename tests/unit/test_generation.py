@@ -12,7 +12,7 @@ import pytest
 
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
-from inference.errors import InferenceRejected, InferenceUnavailable
+from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
 from inference.records import Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
@@ -251,7 +251,7 @@ def test_a_prompt_that_recovers_on_retry_is_staged_with_its_attempt_number(
 def test_an_unreachable_server_leaves_prompts_pending_instead_of_dead_lettering_them(
     engine: GenerationEngine, server: FakeServer
 ) -> None:
-    server.failures["p"] = [InferenceUnavailable("refused") for _ in range(3)]
+    server.failures["p"] = [InferenceUnavailable("refused", cause=FailureCause.REFUSED) for _ in range(3)]
     recorder = Recorder()
     outcome = engine.submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
     assert outcome.unreachable == ["p"]
