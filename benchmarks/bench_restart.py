@@ -1,0 +1,185 @@
+"""Recovery in seconds: what a SIGKILL of the generate worker costs, restarted 2 s later the way systemd's
+`Restart=always` brings it back.
+
+One simulated GPU (48 slots, the reasoning length mix), the same prompts for each run, side by side:
+  - uninterrupted: one generate worker and the uploader from start to end;
+  - restarted: the worker SIGKILLed once half the prompts are handed over, started again 2 s later with
+    the same command (same GPU): it takes its dead predecessor's batches back at once (its seat);
+  - another label: the same kill, but the worker comes back under another GPU label, so nothing tells
+    it the dead one's batches are free: they wait for their leases to run out (60 s), as every
+    restart did before seats.
+Per run: wall time (enqueue to the last commit), the ratio to uninterrupted, the GPU's idle time after
+the kill (no request generating, from the kill until the new worker's first token), completions
+generated twice, and verify's word on the output (lost, duplicated).
+
+    .venv/bin/python benchmarks/bench_restart.py [--prompts 500] [--speedup 20]
+
+Last line: restart_wall_ratio=<restarted ÷ uninterrupted> idle_after_kill_s=<restarted>.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_pipeline import SAMPLING, WINDOW, bench_prompts
+from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
+from devstack.runs import enqueue_run
+from inference.records import Prompt
+from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
+from inference.simulator.length_mix import REASONING
+from producer.verify import verify_run
+from workers.ledger import RunLedger
+from workers.runs import RunSettings
+from workers.storage import open_store
+
+RESTART_AFTER_S = 2.0  # systemd's RestartSec is 5 by our units; a spot or OOM restart is seconds
+KILL_AT_FRACTION = 0.5
+RUN_TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Outcome:
+    name: str
+    wall_s: float
+    idle_after_kill_s: float | None
+    generated_twice: int
+    verified: bool
+    lost: int
+    duplicated: int
+
+
+def handed_over(ledger: RunLedger) -> int:
+    counts = ledger.counts()
+    return counts.staged + counts.done + counts.dead
+
+
+def idle_after(records: list[RequestRecord], killed_at: float) -> float:
+    """From the kill until a request sent after it produced its first token."""
+    firsts = [r.first_token_at for r in records if r.received_at >= killed_at and r.first_token_at]
+    return (min(firsts) - killed_at) if firsts else float("nan")
+
+
+def one_run(
+    sim: SimulatorProcess,
+    redis_url: str,
+    logs: Path,
+    prompts: list[Prompt],
+    *,
+    name: str,
+    kill: bool,
+    comeback_gpu: int,
+) -> Outcome:
+    client = redis.Redis.from_url(redis_url)
+    env = worker_env(redis_url, {"DRAFTGEN_SERVER_URL": sim.url, "DRAFTGEN_GPU": "0"})
+    uploader = start_celery_worker(f"{name}-up", "upload", worker_env(redis_url), logs, concurrency=1)
+    generator = start_celery_worker(f"{name}-gen", "generate", env, logs)
+    sim.admin.reset_requests()
+    killed_at: float | None = None
+    try:
+        settings = RunSettings(run=name, sampling=SAMPLING, output_url=(logs / name).as_uri())
+        started = time.monotonic()
+        enqueue_run(client, redis_url, settings, prompts)
+        ledger = RunLedger(client, name)
+        if kill:
+            wait_until(
+                lambda: handed_over(ledger) >= KILL_AT_FRACTION * len(prompts),
+                timeout_s=RUN_TIMEOUT_S,
+                what="half the prompts handed over",
+            )
+            generator.kill()
+            killed_at = time.time()
+            time.sleep(RESTART_AFTER_S)
+            comeback = {**env, "DRAFTGEN_GPU": str(comeback_gpu)}
+            generator = start_celery_worker(f"{name}-gen-again", "generate", comeback, logs)
+        wait_until(
+            lambda: (c := ledger.counts()).remaining == 0 and c.staged == 0 and c.dead_pending == 0,
+            timeout_s=RUN_TIMEOUT_S,
+            what=f"{name} to finish",
+        )
+        wall_s = time.monotonic() - started
+    finally:
+        generator.stop()
+        uploader.stop()
+    records = sim.admin.requests()
+    ok = Counter(r.rid.split(":")[1] for r in records if r.status == "ok" and r.rid.startswith(f"{name}:"))
+    print(f"{name}: requests {dict(Counter(r.status for r in records))}", file=sys.stderr)
+    report = verify_run(open_store(settings.output_url), name, client)
+    return Outcome(
+        name=name,
+        wall_s=wall_s,
+        idle_after_kill_s=idle_after(records, killed_at) if killed_at is not None else None,
+        generated_twice=sum(1 for count in ok.values() if count > 1),
+        verified=report.ok and not report.missing,
+        lost=len(report.missing),
+        duplicated=len(report.duplicated) + len(report.committed_and_dead),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--prompts", type=int, default=500)
+    parser.add_argument("--speedup", type=float, default=20.0)
+    args = parser.parse_args()
+    prompts = bench_prompts(args.prompts)
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        logs = Path(scratch)
+        redis_process = start_redis(free_port(), logs / "redis", logs)
+        settings = SimulatorSettings(
+            speedup=args.speedup, max_running_requests=WINDOW, request_log_size=100_000, length_mix=REASONING
+        )
+        try:
+            with SimulatorProcess(settings) as sim:
+                for name, kill, comeback_gpu in (
+                    ("uninterrupted", False, 0),
+                    ("restarted", True, 0),
+                    ("another-label", True, 1),
+                ):
+                    outcomes.append(
+                        one_run(
+                            sim,
+                            redis_process.url,
+                            logs,
+                            prompts,
+                            name=name,
+                            kill=kill,
+                            comeback_gpu=comeback_gpu,
+                        )
+                    )
+                    print(f"{name}: {outcomes[-1].wall_s:.1f} s", file=sys.stderr)
+        finally:
+            redis_process.stop()
+    base = outcomes[0].wall_s
+    print(f"{args.prompts} prompts, reasoning length mix, speedup {args.speedup:g}, one GPU, 48 slots")
+    print(
+        f"{'run':<14} {'wall s':>8} {'÷ uninterrupted':>15} {'idle after kill s':>17}"
+        f" {'twice':>6} {'lost':>5} {'dup':>4}"
+    )
+    for o in outcomes:
+        idle = "" if o.idle_after_kill_s is None else f"{o.idle_after_kill_s:.1f}"
+        print(
+            f"{o.name:<14} {o.wall_s:>8.1f} {o.wall_s / base:>15.3f} {idle:>17} {o.generated_twice:>6}"
+            f" {o.lost:>5} {o.duplicated:>4}"
+        )
+    restarted = outcomes[1]
+    print(
+        f"restart_wall_ratio={restarted.wall_s / base:.3f} "
+        f"idle_after_kill_s={restarted.idle_after_kill_s or 0.0:.1f}"
+    )
+    return 0 if all(o.verified for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
