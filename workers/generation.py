@@ -379,15 +379,13 @@ class GenerationEngine:
             completion.quality is Quality.TRUNCATED_IN_THINKING
             and job.truncation.policy is TruncationPolicy.DROP
         ):
-            letter = DeadLetter(
-                prompt_id=prompt.id,
-                row=prompt.row,
-                file=prompt.file,
-                reason=REASON_TRUNCATED,
-                error=f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
+            await self._dead_letter(
+                job,
+                prompt,
+                REASON_TRUNCATED,
+                f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
                 attempts=completion.attempt,
             )
-            await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
             return
         await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
 
@@ -427,7 +425,7 @@ class GenerationEngine:
 
         A budget retry (`budget_retries` > 0) is never dead-lettered nor left pending: its refusal or
         failure is raised, and the caller keeps the completion it already had."""
-        handover, outcome, run = job.handover, job.outcome, job.run
+        outcome, run = job.outcome, job.run
         last_error: InferenceUnavailable | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
@@ -437,15 +435,7 @@ class GenerationEngine:
             except InferenceRejected as error:
                 if budget_retries:
                     raise  # a refused budget retry: the caller keeps the completion it had
-                letter = DeadLetter(
-                    prompt_id=prompt.id,
-                    row=prompt.row,
-                    file=prompt.file,
-                    reason=REASON_REJECTED,
-                    error=str(error),
-                    attempts=attempt,
-                )
-                await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
+                await self._dead_letter(job, prompt, REASON_REJECTED, str(error), attempts=attempt)
                 return None
             except InferenceUnavailable as error:
                 last_error = error
@@ -478,15 +468,9 @@ class GenerationEngine:
         if last_error.server_unreachable or self._stop_reason(job) is not None:
             outcome.unreachable.append(prompt.id)
             return None
-        letter = DeadLetter(
-            prompt_id=prompt.id,
-            row=prompt.row,
-            file=prompt.file,
-            reason=REASON_EXHAUSTED,
-            error=str(last_error),
-            attempts=self._retry.max_attempts,
+        await self._dead_letter(
+            job, prompt, REASON_EXHAUSTED, str(last_error), attempts=self._retry.max_attempts
         )
-        await self._hand_over(handover.dead_letter, letter, outcome, dead=True)
         return None
 
     async def _strike(
@@ -511,15 +495,22 @@ class GenerationEngine:
         return await asyncio.to_thread(job.handover.strike, prompt.id, strike)
 
     async def _dead_letter_poison(self, job: _Job, prompt: Prompt, strikes: list[Strike]) -> None:
+        error = describe(strikes)
+        log.error("prompt %s is dead-lettered as a poison prompt: %s", prompt.id, error)
+        await self._dead_letter(job, prompt, REASON_POISON, error, attempts=len(strikes))
+
+    async def _dead_letter(
+        self, job: _Job, prompt: Prompt, reason: str, error: str, *, attempts: int
+    ) -> None:
+        """The prompt will get no completion: its dead letter goes to the upload path with the reason."""
         letter = DeadLetter(
             prompt_id=prompt.id,
             row=prompt.row,
             file=prompt.file,
-            reason=REASON_POISON,
-            error=describe(strikes),
-            attempts=len(strikes),
+            reason=reason,
+            error=error,
+            attempts=attempts,
         )
-        log.error("prompt %s is dead-lettered as a poison prompt: %s", prompt.id, letter.error)
         await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
 
     async def _chat(

@@ -71,19 +71,25 @@ def handed_over(ledger: RunLedger) -> set[str]:
     return done | staged
 
 
+def a_run_under_way_on_one_gpu(stack: Stack, tmp_path: Path, run: str) -> RunLedger:
+    """A run of 160 prompts on GPU 0, 30 of them handed over already."""
+    stack.start_generator(0)
+    stack.start_uploader()
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, run)]
+    )
+    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
+    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
+    wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
+    return ledger
+
+
 def test_a_generate_worker_killed_mid_batch_loses_only_its_requests_in_flight(
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given a run in progress on one GPU
-    stack.start_generator(0)
-    stack.start_uploader()
-    data = prompt_files.write_jsonl(
-        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, "kill")]
-    )
     run = "kill-generate"
-    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
-    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
-    wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
+    ledger = a_run_under_way_on_one_gpu(stack, tmp_path, run)
     # When its worker is SIGKILLed mid-batch, then started again
     held_by_the_killed = set(ledger.client.hvals(ledger.keys.lease_owners))
     stack.generators[0].kill()
@@ -188,15 +194,8 @@ def test_a_worker_restarted_on_its_gpu_takes_its_batches_back_at_once_not_when_t
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given a run in progress on one GPU
-    stack.start_generator(0)
-    stack.start_uploader()
-    data = prompt_files.write_jsonl(
-        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(160, "back")]
-    )
     run = "restart-generate"
-    stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "16")
-    ledger = RunLedger(redis.Redis.from_url(stack.redis_url), run)
-    wait_until(lambda: len(handed_over(ledger)) >= 30, timeout_s=60, what="30 completions handed over")
+    ledger = a_run_under_way_on_one_gpu(stack, tmp_path, run)
     # When its worker is SIGKILLed and started again on the same GPU
     held_by_the_killed = set(ledger.client.hvals(ledger.keys.lease_owners))
     assert held_by_the_killed, "the kill came when no batch was leased"

@@ -16,6 +16,7 @@ import redis
 from devstack.local_stack import free_port, start_redis
 from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
+from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from workers.app import make_app
 from workers.keys import RunKeys
@@ -34,18 +35,6 @@ RUN = "leases"
 NO_TIME_S = 0.0  # a lease or grace of zero has run out at once: the tests need not wait for a clock
 LONG_S = 3600.0
 RECEIVE_TIMEOUT_S = 5.0
-
-
-class RecordingDispatcher:
-    def __init__(self) -> None:
-        self.generated: list[tuple[str, str]] = []
-        self.flushed: list[str] = []
-
-    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        self.generated.append((run, batch_id))
-
-    def flush(self, run: str) -> None:
-        self.flushed.append(run)
 
 
 def enqueue_batches(client: redis.Redis, count: int) -> list[str]:

@@ -24,6 +24,7 @@ from producer.gc import collect_orphans
 from producer.output_record import read_committed
 from producer.recover import write_run_settings
 from producer.verify import verify_run
+from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
 from workers import batches
@@ -46,18 +47,6 @@ pytestmark = pytest.mark.integration
 
 RUN = "holes"
 LONG_S = 3600.0
-
-
-class RecordingDispatcher:
-    def __init__(self) -> None:
-        self.generated: list[tuple[str, str]] = []
-        self.flushed: list[str] = []
-
-    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        self.generated.append((run, batch_id))
-
-    def flush(self, run: str) -> None:
-        self.flushed.append(run)
 
 
 @pytest.fixture

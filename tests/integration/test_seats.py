@@ -10,6 +10,7 @@ import redis
 
 from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
+from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import prompt
 from workers.errors import SeatHeld
 from workers.leases import Acquired, LeaseKeeper
@@ -23,16 +24,6 @@ pytestmark = pytest.mark.integration
 RUN = "seats"
 LABEL = "node-a/gpu0"
 LONG_S = 3600.0
-
-
-class RecordingDispatcher:
-    def __init__(self) -> None:
-        self.generated: list[str] = []
-
-    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        self.generated.append(batch_id)
-
-    def flush(self, run: str) -> None: ...
 
 
 def batches(client: redis.Redis, count: int) -> list[str]:
@@ -55,7 +46,7 @@ def take_back(client: redis.Redis, seat: Seat) -> list[str]:
     dispatcher = RecordingDispatcher()
     reconciler = Reconciler(client, dispatcher, ReconcileSettings(upload_max_age_s=LONG_S))
     reconciler.take_back_seat(seat.take(), seat.label)
-    return dispatcher.generated
+    return [batch_id for _run, batch_id in dispatcher.generated]
 
 
 def test_a_second_worker_on_a_gpu_whose_worker_lives_is_refused(redis_url: str) -> None:

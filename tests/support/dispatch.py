@@ -1,0 +1,15 @@
+"""A stand-in for the Celery dispatcher: records the messages the reconciler and batch tails send."""
+
+from __future__ import annotations
+
+
+class RecordingDispatcher:
+    def __init__(self) -> None:
+        self.generated: list[tuple[str, str]] = []
+        self.flushed: list[str] = []
+
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
+        self.generated.append((run, batch_id))
+
+    def flush(self, run: str) -> None:
+        self.flushed.append(run)
