@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_shutdown, worker_shutting_down
+from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from workers.broker_tls import broker_use_ssl
 from workers.context import ContextHolder, WorkerContext
@@ -21,7 +21,7 @@ from workers.heartbeat_step import HeartbeatStep
 from workers.liveness_step import LivenessStep
 from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 from workers.reconciler_step import ReconcilerStep
-from workers.seat_step import SeatStep
+from workers.seating import seat_generate_worker
 from workers.settings import WorkerSettings
 from workers.tasks import register_tasks
 
@@ -74,7 +74,6 @@ def make_app(
     contexts = ContextHolder(settings, context_factory, CeleryDispatcher(app))
     app.draftgen = contexts
     register_tasks(app, contexts)
-    app.steps["consumer"].add(SeatStep)  # a generate worker seats itself on its GPU first
     app.steps["consumer"].add(HeartbeatStep)
     app.steps["consumer"].add(LivenessStep)  # generate workers watch their server's token progress
     app.steps["consumer"].add(ReconcilerStep)  # every worker takes its turn at reconciliation
@@ -87,6 +86,12 @@ def make_app(
     def close_context(**_: object) -> None:
         contexts.close()
 
+    def take_gpu_seat(sender: Any, **_: object) -> None:
+        """Before any consumer starts: a generate worker seats itself on its GPU (workers/seating.py)."""
+        if GENERATE_QUEUE in sender.app.amqp.queues.consume_from:
+            seat_generate_worker(contexts.get(), CeleryDispatcher(app))
+
+    worker_init.connect(take_gpu_seat, weak=False)
     worker_shutting_down.connect(begin_shutdown, weak=False)
     worker_shutdown.connect(close_context, weak=False)
     install_flower_guard(app)  # only under `celery -A workers flower`: Flower's login check

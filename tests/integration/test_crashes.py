@@ -21,7 +21,7 @@ from workers.leases import decode_holder
 from workers.ledger import RunLedger
 from workers.manifest import DATA_PREFIX, read_manifest
 from workers.parquet_io import prompt_ids_in
-from workers.seat_step import EXIT_SEAT_HELD
+from workers.seating import EXIT_SEAT_HELD
 from workers.storage import open_store
 
 pytestmark = pytest.mark.integration
