@@ -47,7 +47,7 @@ class WorkerContext:
         self.tails = BatchTails()
         self.redis = connect(settings.redis_url)
         self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
-        # Taken by the seat bootstep on generate workers only; its token marks this process's leases.
+        # Taken at worker_init on generate workers only (seating.py); its token marks this process's leases.
         self.seat = Seat(self.redis, gpu_label(self.origin), on_lost=stop_this_process)
         self.stopping = threading.Event()  # set on SIGTERM: take no new batch, hand held ones back
         self._lock = threading.Lock()
