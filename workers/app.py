@@ -14,6 +14,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from workers.broker_tls import broker_use_ssl
+from workers.broker_transport import TRANSPORT_PATH
 from workers.context import ContextHolder, WorkerContext
 from workers.dispatch import CeleryDispatcher
 from workers.flower_guard import install_flower_guard
@@ -34,6 +35,7 @@ BROKER_HEALTH_CHECK_INTERVAL_S = 25
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis_url,
+        "broker_transport": TRANSPORT_PATH,
         "broker_use_ssl": broker_use_ssl(settings.redis_url),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {

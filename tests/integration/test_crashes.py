@@ -15,7 +15,7 @@ from devstack.local_stack import celery_worker, wait_until
 from inference.simulator import SimulatorProcess
 from producer.gc import collect_orphans
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, simulators_running
 from workers.keys import seat_key
 from workers.leases import decode_holder
 from workers.ledger import RunLedger
@@ -34,10 +34,8 @@ UPLOAD_LOCK_S = "5"
 
 @pytest.fixture
 def sims() -> Iterator[list[SimulatorProcess]]:
-    running = simulators(1, speedup=SLOW_SPEEDUP, request_log_size=20_000)
-    yield running
-    for sim in running:
-        sim.stop()
+    with simulators_running(1, speedup=SLOW_SPEEDUP, request_log_size=20_000) as running:
+        yield running
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import redis
 from devstack.local_stack import ManagedProcess, free_port, start_redis, wait_until
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, simulators_running
 from workers.ledger import RunLedger
 from workers.queues import GENERATE_QUEUE
 from workers.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_GRACE_S
@@ -38,10 +38,8 @@ SLOW_SPEEDUP = 5.0  # two rounds of 48 requests of ~2,300 tokens: far longer tha
 
 @pytest.fixture
 def sims() -> Iterator[list[SimulatorProcess]]:
-    running = simulators(2, speedup=SPEEDUP, request_log_size=20_000)
-    yield running
-    for sim in running:
-        sim.stop()
+    with simulators_running(2, speedup=SPEEDUP, request_log_size=20_000) as running:
+        yield running
 
 
 def make_stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess], **env: str) -> Stack:
@@ -136,9 +134,8 @@ def test_a_worker_frozen_past_its_lease_loses_its_batches_and_wastes_at_most_its
 
 @pytest.fixture
 def slow_sim() -> Iterator[list[SimulatorProcess]]:
-    running = simulators(1, speedup=SLOW_SPEEDUP, request_log_size=20_000)
-    yield running
-    running[0].stop()
+    with simulators_running(1, speedup=SLOW_SPEEDUP, request_log_size=20_000) as running:
+        yield running
 
 
 def test_a_batch_that_outlives_its_lease_many_times_over_is_never_dispatched_again(

@@ -6,6 +6,8 @@ import io
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,3 +117,14 @@ def simulators(count: int, **settings: object) -> list[SimulatorProcess]:
     """Simulated GPUs with metrics on, as `python -m inference serve` starts SGLang (liveness reads them)."""
     options = {"enable_metrics": True, **settings}
     return [SimulatorProcess(SimulatorSettings(**options)).start() for _ in range(count)]  # type: ignore[arg-type]
+
+
+@contextmanager
+def simulators_running(count: int, **settings: object) -> Iterator[list[SimulatorProcess]]:
+    """`simulators`, stopped when the block ends (a fixture's yield)."""
+    running = simulators(count, **settings)
+    try:
+        yield running
+    finally:
+        for sim in running:
+            sim.stop()

@@ -1,0 +1,43 @@
+"""kombu's Redis transport, made to survive its own close after a broker restart.
+
+When Redis goes away under a worker, Celery closes the broker connection and then its channels. kombu
+drops the channel's link to the connection settings first (`Transport.client = None`) and only then,
+closing the channel, restores its unacked messages through a pool it rebuilds from those settings:
+`AttributeError: 'NoneType' object has no attribute 'hostname'`. That is not a connection error, so
+Celery does not retry the connection: the worker exits (kombu 5.7.0). Under `honcho start` one exited
+process tears down the whole node.
+
+Here the channel remembers the parameters it connected with while the link is there and rebuilds its
+pool from them after. The unacked messages go back to their queue if Redis is up again; if it is not,
+the failure is a `redis.exceptions.ConnectionError`, which Celery's reconnect loop absorbs (the messages
+then come back through the visibility timeout, as they would after a kill).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.exceptions
+from kombu.transport import redis as kombu_redis
+
+TRANSPORT_PATH = "workers.broker_transport:Transport"
+
+
+class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        remembered: dict[bool, dict[str, Any]] = self.__dict__.setdefault("_draftgen_connparams", {})
+        if self.connection is not None and self.connection.client is not None:
+            params: dict[str, Any] = super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+            remembered[asynchronous] = dict(params)
+            return params
+        if asynchronous in remembered:
+            return dict(remembered[asynchronous])
+        raise redis.exceptions.ConnectionError("the broker connection closed before this channel connected")
+
+    def close(self) -> None:
+        super().close()  # type: ignore[no-untyped-call]
+        self._disconnect_pools()  # type: ignore[no-untyped-call]  # the pool a late restore of unacked messages rebuilt
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
