@@ -15,6 +15,7 @@ from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from workers.broker_tls import broker_use_ssl
 from workers.broker_transport import TRANSPORT_PATH
+from workers.consumer_watch_step import ConsumerWatchStep
 from workers.context import ContextHolder, WorkerContext
 from workers.dispatch import CeleryDispatcher
 from workers.flower_guard import install_flower_guard
@@ -78,6 +79,7 @@ def make_app(
     register_tasks(app, contexts)
     app.steps["consumer"].add(HeartbeatStep)
     app.steps["consumer"].add(LivenessStep)  # generate workers watch their server's token progress
+    app.steps["consumer"].add(ConsumerWatchStep)  # a generate worker that stops consuming exits to restart
     app.steps["consumer"].add(ReconcilerStep)  # every worker takes its turn at reconciliation
 
     def begin_shutdown(**_: object) -> None:

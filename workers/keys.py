@@ -14,6 +14,9 @@ SERVERS_KEY = (
     f"{KEY_PREFIX}:servers"  # hash: facts id -> a server's facts (JSON), see inference/server_facts.py
 )
 SEATS_KEY_PREFIX = f"{KEY_PREFIX}:seats:"  # + GPU label: the token of the process seated there (seat.py)
+EXIT_NOTES_KEY_PREFIX = (
+    f"{KEY_PREFIX}:exits:"  # + GPU label: why its worker ended itself to be restarted (TTL)
+)
 SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
 RUN_NAME_MAX_CHARS = 128
 # Buckets of a run's fingerprints (RunKeys.fingerprints). Up to ~6M explicit ids, each bucket holds
@@ -44,6 +47,14 @@ def check_run_name(run: str) -> str:
 def worker_heartbeat_key(worker: str) -> str:
     """A generate worker's heartbeat, `worker` being its GPU label (`host/gpuN`, see ledger.gpu_label)."""
     return WORKERS_KEY_PREFIX + worker
+
+
+def worker_exit_note_key(worker: str) -> str:
+    """Why the generate worker of GPU label `worker` ended itself to be restarted (see consumer_watch.py)."""
+    return EXIT_NOTES_KEY_PREFIX + worker
+
+
+EXIT_NOTES_PATTERN = EXIT_NOTES_KEY_PREFIX + "*/*"  # labels hold a "/", as for heartbeats
 
 
 def seat_key(label: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
+from workers.consumer_watch import DEFAULT_NOT_CONSUMING_LIMIT_S
 from workers.errors import InvalidSetting
 from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
 from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
@@ -103,6 +104,7 @@ class WorkerSettings:
     stranded_grace_s: float = DEFAULT_STRANDED_GRACE_S
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S  # this long without a chunk, others streaming: hung
+    not_consuming_limit_s: float = DEFAULT_NOT_CONSUMING_LIMIT_S  # idle beside waiting work: exit, restart
 
     def client_settings(self) -> ClientSettings:
         return ClientSettings(
@@ -179,6 +181,7 @@ POSITIVE = frozenset(
         "LIVENESS_POLL_S",
         "UPLOAD_LOCK_S",
         "SILENCE_LIMIT_S",
+        "NOT_CONSUMING_LIMIT_S",
     }
 )
 

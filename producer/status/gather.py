@@ -31,6 +31,7 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
+from workers.consumer_watch import read_exit_notes
 from workers.control import pause_state
 from workers.heartbeat import read_heartbeats
 from workers.keys import RunKeys
@@ -162,5 +163,6 @@ def gather_status(
             if paused is not None
             else None
         ),
-        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning],
+        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning]
+        + [f"restarted itself within the hour: {note}" for note in read_exit_notes(client).values()],
     )

@@ -29,6 +29,11 @@ def test_every_gpu_has_a_server_and_a_generate_worker_pointed_at_it() -> None:
     assert all("-Q generate" in cmd for name, cmd in PROCESSES.items() if name.startswith("gen"))
 
 
+def test_a_generate_worker_that_exits_to_be_restarted_is_restarted_without_taking_the_node_down() -> None:
+    generate_lines = [cmd for name, cmd in PROCESSES.items() if name.startswith("gen")]
+    assert all("scripts/respawn celery -A workers worker" in cmd for cmd in generate_lines)
+
+
 def test_the_node_runs_redis_one_uploader_and_flower() -> None:
     assert "deploy/redis.conf" in PROCESSES["redis"]
     assert "-Q upload -c 1" in PROCESSES["upload"]

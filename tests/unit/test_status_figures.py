@@ -239,9 +239,7 @@ def test_a_run_is_finished_only_once_its_dead_letters_are_committed_and_its_batc
         enqueued=100, committed=95, staged=0, dead=5, rejected=0, dead_pending=5
     )
     assert run_state(letters_in_redis_only, completions=95, paused=False) == STATE_UPLOADING
-    batch_still_open = make_progress(
-        enqueued=100, committed=95, staged=0, dead=5, rejected=0, open_batches=1
-    )
+    batch_still_open = make_progress(enqueued=100, committed=95, staged=0, dead=5, rejected=0, open_batches=1)
     assert run_state(batch_still_open, completions=95, paused=False) == STATE_DRAINING
 
 
