@@ -14,7 +14,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
 from workers.broker_tls import broker_use_ssl
-from workers.broker_transport import TRANSPORT_PATH
+from workers.broker_transport import use_for_redis_urls
 from workers.consumer_watch_step import ConsumerWatchStep
 from workers.context import ContextHolder, WorkerContext
 from workers.dispatch import CeleryDispatcher
@@ -36,7 +36,6 @@ BROKER_HEALTH_CHECK_INTERVAL_S = 25
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis_url,
-        "broker_transport": TRANSPORT_PATH,
         "broker_use_ssl": broker_use_ssl(settings.redis_url),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
@@ -72,6 +71,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
 def make_app(
     settings: WorkerSettings, context_factory: Callable[[WorkerSettings], WorkerContext] = WorkerContext
 ) -> Celery:
+    use_for_redis_urls()
     app = Celery("draftgen")
     app.conf.update(celery_config(settings))
     contexts = ContextHolder(settings, context_factory, CeleryDispatcher(app))

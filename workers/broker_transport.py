@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import redis.exceptions
+from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
 
 TRANSPORT_PATH = "workers.broker_transport:Transport"
+REDIS_SCHEMES = ("redis", "rediss")
 
 
 class Channel(kombu_redis.Channel):
@@ -41,3 +43,11 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+def use_for_redis_urls() -> None:
+    """Make `redis://` and `rediss://` URLs mean this transport in this process (the Celery app, and
+    Flower, which picks its broker view by the URL's scheme and so needs the scheme kept)."""
+    for scheme in REDIS_SCHEMES:
+        kombu_transports.TRANSPORT_ALIASES[scheme] = TRANSPORT_PATH
+        kombu_transports._transport_cache.pop(scheme, None)

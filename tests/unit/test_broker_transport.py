@@ -12,8 +12,8 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from workers.app import celery_config
-from workers.broker_transport import TRANSPORT_PATH
+from workers.app import make_app
+from workers.broker_transport import TRANSPORT_PATH, Transport
 from workers.settings import WorkerSettings
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
@@ -70,6 +70,9 @@ def test_a_channel_that_never_connected_fails_with_an_error_celery_reconnects_fr
     connection.release()
 
 
-def test_the_celery_app_uses_our_transport_for_every_broker_url() -> None:
+def test_the_celery_app_uses_our_transport_for_every_redis_url_and_keeps_the_scheme() -> None:
     for url in ("redis://127.0.0.1:6379/0", "rediss://head:6380/0"):
-        assert celery_config(WorkerSettings(redis_url=url))["broker_transport"] == TRANSPORT_PATH
+        connection = make_app(WorkerSettings(redis_url=url)).connection_for_write()
+        assert connection.transport_cls in ("redis", "rediss")
+        assert isinstance(connection.transport, Transport)
+        assert connection.as_uri().startswith(url.split("://")[0] + "://")
