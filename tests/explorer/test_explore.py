@@ -23,7 +23,9 @@ from tests.explorer.fleet import InlineExecutor, NoRenewer
 
 pytestmark = pytest.mark.integration
 
-SCHEDULES_IN_CI = 150  # about 2 minutes on CI's two cores
+SCHEDULES_IN_CI = 60  # about 2.5 minutes on two idle cores (each schedule: ~630 actions, 4 checks after each)
+# Room for a machine six times slower than idle: a busy CI runner, or `--explore N` under load.
+TIMEOUT_PER_SCHEDULE_S = 15
 CI_FIRST_SEED = 0  # CI replays the same schedules every time; `--explore` picks new ones
 FRESH_SEEDS = 2**31
 
@@ -37,12 +39,16 @@ def first_seed(environ: Mapping[str, str]) -> int:
     return CI_FIRST_SEED
 
 
+SCHEDULES = int(os.environ.get("DRAFTGEN_EXPLORE_SCHEDULES", SCHEDULES_IN_CI))
+
+
+@pytest.mark.timeout(SCHEDULES * TIMEOUT_PER_SCHEDULE_S)
 def test_no_explored_schedule_loses_duplicates_or_strands_a_prompt(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(enqueue, "ThreadPoolExecutor", InlineExecutor)
     monkeypatch.setattr(enqueue, "PeriodicThread", NoRenewer)
-    schedules = int(os.environ.get("DRAFTGEN_EXPLORE_SCHEDULES", SCHEDULES_IN_CI))
+    schedules = SCHEDULES
     first = first_seed(os.environ)
     print(f"exploring {schedules} schedules from seed {first}")
     admin = redis.Redis.from_url(redis_url)

@@ -45,6 +45,7 @@ SPECULATIVE_SERVER = ServerFacts(
 WALL_S = 2.0
 SPEEDUP = 200.0
 GENEROUS_BUDGET = 32768
+SERVER_WINDOW_ACCEPT_SLACK = 0.2
 TINY_BUDGET = 64
 """Far below the simulator's thinking lengths (mean 1,900 tokens): every output is cut inside thinking."""
 
@@ -440,7 +441,9 @@ def test_a_healthy_simulator_with_a_generous_budget_passes(
     assert totals["reasoning_tokens"] > 0
     assert totals["output_tokens_per_s"] > 0
     assert totals["accept_length_tokens"] == pytest.approx(3.5, abs=0.05)
-    assert report["server"]["avg_spec_accept_length"] == pytest.approx(3.5, abs=0.05)
+    # The server's figure is its last decode window's: a window of finishing requests, capped at their
+    # budget, verifies for fewer tokens, so it strays further from the mean than the requests' own.
+    assert report["server"]["avg_spec_accept_length"] == pytest.approx(3.5, abs=SERVER_WINDOW_ACCEPT_SLACK)
     assert all(prompt["answer_chars"] > 0 and prompt["reasoning_chars"] > 0 for prompt in report["prompts"])
 
 
