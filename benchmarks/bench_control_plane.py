@@ -30,9 +30,9 @@ from devstack.local_stack import free_port, start_celery_worker, start_redis, wa
 from devstack.runs import enqueue_run, memory_by_prefix
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from workers.keys import FINGERPRINT_BUCKETS, RunKeys
-from workers.ledger import RunLedger
-from workers.runs import RunSettings
+from workers.state.keys import FINGERPRINT_BUCKETS, RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings
 
 INSTANT_SPEEDUP = 100_000.0
 FINGERPRINTS = "fingerprints"
@@ -130,7 +130,8 @@ def main() -> int:
     )
     print(
         f"  + fingerprints of explicit ids {fingerprint_bytes / args.prompts:.0f} bytes each here "
-        f"({FINGERPRINT_BUCKETS:,} hashes, sparse at this size; at 1M ids they cost ~52: workers/keys.py)"
+        f"({FINGERPRINT_BUCKETS:,} hashes, sparse at this size; at 1M ids they cost ~52: "
+        "workers/state/keys.py)"
     )
     print(f"redis_us_per_completion={cpu_us:.0f} fleet_gpus_per_redis_core={gpus:.0f}")
     print(f"control_plane_cps={args.prompts / run_s:.0f}")

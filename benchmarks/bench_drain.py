@@ -29,9 +29,9 @@ from devstack.runs import enqueue_run
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
-from workers.ledger import RunLedger
-from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
+from workers.state.ledger import RunLedger
+from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings
 
 GPUS = 2
 SLOTS = 48

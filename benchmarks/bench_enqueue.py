@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import PROJECT_ROOT, free_port, start_redis
 from devstack.runs import memory_by_prefix
-from workers.keys import RunKeys
-from workers.queues import GENERATE_QUEUE
+from workers.state.keys import RunKeys
+from workers.state.queues import GENERATE_QUEUE
 
 ONE_MILLION = 1_000_000
 TEN_MILLION = 10 * ONE_MILLION

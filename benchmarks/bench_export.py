@@ -31,8 +31,8 @@ from producer.export.formats import ExportFormat
 from producer.export.selection import DEFAULT_MAX_LENGTH_TOKENS, Selection
 from producer.export.source import RunOutput
 from tests.support.run_output import write_run_output
-from workers.parquet_io import completions_to_parquet
-from workers.storage import FolderStore
+from workers.record.parquet_io import completions_to_parquet
+from workers.record.storage import FolderStore
 
 VOCABULARY = 151_643
 ZIPF_EXPONENT = 1.1

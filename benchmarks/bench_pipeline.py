@@ -36,9 +36,9 @@ from inference.client import build_request
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
-from workers.ledger import RunLedger
-from workers.runs import DEFAULT_BATCH_SIZE, RunSettings
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
+from workers.state.ledger import RunLedger
+from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots

@@ -38,9 +38,9 @@ from inference.records import Prompt
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
 from producer.verify import verify_run
-from workers.ledger import RunLedger
-from workers.runs import RunSettings
-from workers.storage import open_store
+from workers.record.storage import open_store
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings
 
 RESTART_AFTER_S = 2.0  # systemd's RestartSec is 5 by our units; a spot or OOM restart is seconds
 KILL_AT_FRACTION = 0.5

@@ -75,7 +75,7 @@ from devstack.local_stack import (
     worker_env,
 )
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from workers.keys import RunKeys
+from workers.state.keys import RunKeys
 
 # Fault kinds, as spelled in --faults.
 KILL_GENERATE = "kill-generate"

@@ -34,8 +34,8 @@ from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
 from inference.private_files import write_private
 from inference.sglang_defaults import SGLANG_BASE_PORT
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from workers.ledger import RunLedger
 from workers.settings import redacted_url
+from workers.state.ledger import RunLedger
 
 SAMPLE_DATA = PROJECT_ROOT / "producer" / "data" / "sample.jsonl"
 DEFAULT_WORKDIR = Path(".demo")

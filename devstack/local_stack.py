@@ -171,7 +171,6 @@ class RedisProcess(ManagedProcess):
         return local_redis_url(self.port, self.password)
 
 
-
 def redis_process(port: int, data_dir: Path, log_dir: Path) -> RedisProcess:
     """redis-server with the shipped config, its data in `data_dir`, and the password of that data:
     included from a file only its owner reads, so it is on no command line (`ps` shows argv to all)."""

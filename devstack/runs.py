@@ -12,9 +12,9 @@ from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
 from workers.app import make_app
-from workers.runs import RunSettings
+from workers.record.storage import open_store
 from workers.settings import WorkerSettings
-from workers.storage import open_store
+from workers.state.runs import RunSettings
 
 BENCH_SOURCE = "bench"
 SCAN_COUNT = 1000  # keys per SCAN round trip

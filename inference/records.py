@@ -112,7 +112,7 @@ class DeadLetterReason(enum.StrEnum):
     FAILED_EVERY_ATTEMPT = "failed_every_attempt"
     TRUNCATED_IN_THINKING = "truncated_in_thinking"  # the `drop` policy for thinking cut by the budget
     BATCH_FAILED = "batch_failed"  # its batch kept failing unexpectedly
-    POISON_PROMPT = "poison_prompt"  # it hung or dropped every server it was sent to (workers/poison.py)
+    POISON_PROMPT = "poison_prompt"  # it hung or dropped every server it was sent to (see poison.py)
 
 
 class DeadLetter(Record, frozen=True, omit_defaults=True):

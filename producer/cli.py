@@ -16,7 +16,7 @@ from producer.errors import ProducerError, as_producer_error
 from producer.run_access import chosen_redis_url
 from producer.settings import ProducerSettings
 from workers.errors import WorkerError
-from workers.runs import TruncationPolicy
+from workers.state.runs import TruncationPolicy
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.

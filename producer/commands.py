@@ -16,9 +16,9 @@ from producer.recover import read_run_settings, recover_run
 from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
-from workers.keys import check_run_name
-from workers.manifest import committed_locations
-from workers.storage import normalise_output_url, open_store
+from workers.record.manifest import committed_locations
+from workers.record.storage import normalise_output_url, open_store
+from workers.state.keys import check_run_name
 
 
 def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:

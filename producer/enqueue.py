@@ -46,14 +46,14 @@ from producer.fingerprints import (
     fingerprint_bucket,
 )
 from producer.rows import RejectedRow, rejection_key
-from workers.codec import encode_blob
-from workers.jsonl_io import to_jsonl
-from workers.keys import RUNS_KEY, RunKeys
-from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
-from workers.object_store import ObjectStore
 from workers.periodic import PeriodicThread
-from workers.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts
-from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.record.jsonl_io import to_jsonl
+from workers.record.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
+from workers.record.object_store import ObjectStore
+from workers.state.codec import encode_blob
+from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts
+from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 log = logging.getLogger(__name__)
 

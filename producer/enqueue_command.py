@@ -27,11 +27,11 @@ from producer.rows import RejectedRow
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
 from producer.run_config import check_stated_values, read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
-from workers.keys import check_run_name
-from workers.object_store import ObjectStore
-from workers.redis_client import redis_now_s
-from workers.runs import RunSettings
+from workers.record.object_store import ObjectStore
 from workers.settings import WorkerSettings
+from workers.state.keys import check_run_name
+from workers.state.redis_client import redis_now_s
+from workers.state.runs import RunSettings
 
 
 def _print_enqueue_report(report: EnqueueReport) -> None:
@@ -122,8 +122,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     settings and enqueue. A refusal leaves nothing pinned and nothing written."""
     from producer.publisher import BatchPublisher  # Celery only where messages are sent
     from workers.app import make_app
-    from workers.dispatch import CeleryDispatcher
-    from workers.reconciler import Reconciler, ReconcileSettings
+    from workers.recovery.reconciler import Reconciler, ReconcileSettings
+    from workers.state.dispatch import CeleryDispatcher
 
     run = check_run_name(args.run)
     worker_settings = dataclasses.replace(

@@ -16,7 +16,7 @@ import msgspec
 
 from inference.records import Prompt, Record, row_place
 from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
-from workers.keys import FINGERPRINT_BUCKETS
+from workers.state.keys import FINGERPRINT_BUCKETS
 
 FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart
 FINGERPRINT_SEPARATOR = "|"

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from itertools import chain
 
-from workers.manifest import DATA_PREFIX, DEAD_PREFIX, read_manifest
-from workers.object_store import ObjectStore
+from workers.record.manifest import DATA_PREFIX, DEAD_PREFIX, read_manifest
+from workers.record.object_store import ObjectStore
 
 PART_OF_KEY = re.compile(r"^(?:data|dead)/part-(\d+)-")
 

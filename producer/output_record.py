@@ -16,9 +16,9 @@ from inference.records import DeadLetter
 from producer.enqueue import StoredRejection
 from producer.fingerprints import EnqueuedChunk, decode_enqueued
 from workers.errors import ObjectMissing
-from workers.jsonl_io import from_jsonl
-from workers.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
-from workers.object_store import ObjectStore
+from workers.record.jsonl_io import from_jsonl
+from workers.record.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, ManifestEntry, read_manifest
+from workers.record.object_store import ObjectStore
 
 
 @dataclass
@@ -49,7 +49,7 @@ def read_committed(
 ) -> CommittedRecord:
     """Every committed part's prompt ids and dead letters, checksums checked; `on_entry(done, total)`
     after each manifest entry. With `completions=False`, the dead letters only: no data part is read."""
-    from workers.parquet_io import prompt_ids_in  # pyarrow only where a part is read
+    from workers.record.parquet_io import prompt_ids_in  # pyarrow only where a part is read
 
     record = CommittedRecord(entries=read_manifest(store))
     for done, entry in enumerate(record.entries, start=1):

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import Celery
 
-from workers.queues import GENERATE_TASK
+from workers.state.queues import GENERATE_TASK
 
 PUBLISH_THREADS = 4
 

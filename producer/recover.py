@@ -25,11 +25,11 @@ from producer.output_record import (
 )
 from producer.rows import rejection_key
 from workers.errors import ObjectMissing
-from workers.keys import RUNS_KEY, RunKeys
-from workers.ledger import RunLedger
-from workers.manifest import SETTINGS_KEY, encode_entry
-from workers.object_store import ObjectStore
-from workers.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.record.manifest import SETTINGS_KEY, encode_entry
+from workers.record.object_store import ObjectStore
+from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 IDS_PER_COMMAND = 10_000
 

@@ -22,11 +22,11 @@ import redis
 
 from inference.records import DeadLetter, Origin, Quality
 from producer.export.loss_check import LossStats
-from workers.keys import RunKeys
-from workers.ledger import gpu_label
-from workers.manifest import ManifestEntry, completion_keys, read_manifest
-from workers.object_store import ObjectStore
-from workers.parquet_io import PARQUET_USE_THREADS
+from workers.record.manifest import ManifestEntry, completion_keys, read_manifest
+from workers.record.object_store import ObjectStore
+from workers.record.parquet_io import PARQUET_USE_THREADS
+from workers.state.keys import RunKeys
+from workers.state.ledger import gpu_label
 
 # Only these columns are read from each object: no text column is ever decoded.
 REPORT_COLUMNS = ("finish_reason", "quality", "usage", "timings", "origin", "spec_accept_length")

@@ -17,8 +17,8 @@ from producer.report import compute_figures, dead_letters_by_reason
 from producer.report_cli import DEFAULT_REPORTS_DIR
 from producer.run_access import pinned_settings
 from producer.settings import ProducerSettings
-from workers.keys import check_run_name
-from workers.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output_url, open_store
+from workers.state.keys import check_run_name
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
 REDIS_SOCKET_TIMEOUT_S = 30.0

@@ -13,10 +13,10 @@ import redis
 from producer.errors import OutputError, RunNotFound, RunStateBroken
 from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl
-from workers.keys import RunKeys
-from workers.object_store import ObjectStore
-from workers.runs import RunSettings, decode_run_settings
-from workers.storage import check_output_folder, open_store
+from workers.record.object_store import ObjectStore
+from workers.record.storage import check_output_folder, open_store
+from workers.state.keys import RunKeys
+from workers.state.runs import RunSettings, decode_run_settings
 
 
 def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:

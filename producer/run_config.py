@@ -18,14 +18,14 @@ from inference.records import SamplingSettings
 from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_flag, sampling_problem
 from producer.errors import OutputError, SettingsError
 from workers.errors import UnsupportedStoreUrl
-from workers.runs import (
+from workers.record.storage import normalise_output_url
+from workers.state.runs import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_RETRY_MAX_TOKENS_CAP,
     QualityGate,
     RunSettings,
     TruncationPolicy,
 )
-from workers.storage import normalise_output_url
 
 DEFAULT_OUTPUT = "./output"
 SAMPLING_FIELDS = frozenset(SamplingSettings.__struct_fields__)

@@ -25,9 +25,9 @@ from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
-from workers.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
-from workers.keys import RunKeys, check_run_name
-from workers.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output_url, open_store
+from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
+from workers.state.keys import RunKeys, check_run_name
 
 PRICE_ENV = "DRAFTGEN_PRICE_PER_GPU_HOUR"
 DEFAULT_WATCH_INTERVAL_S = 2.0

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import redis
 
 from producer.output_record import read_committed, read_enqueued_ids
-from workers.keys import RunKeys
-from workers.object_store import ObjectStore
+from workers.record.object_store import ObjectStore
+from workers.state.keys import RunKeys
 
 SCAN_COUNT = 10_000
 EXAMPLES_SHOWN = 5

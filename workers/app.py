@@ -13,18 +13,18 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 
+from workers.bootsteps.consumer_watch_step import ConsumerWatchStep
+from workers.bootsteps.heartbeat_step import HeartbeatStep
+from workers.bootsteps.liveness_step import LivenessStep
+from workers.bootsteps.reconciler_step import ReconcilerStep
+from workers.bootsteps.seating import seat_generate_worker
 from workers.broker_tls import broker_use_ssl
 from workers.broker_transport import use_for_redis_urls
-from workers.consumer_watch_step import ConsumerWatchStep
 from workers.context import ContextHolder, WorkerContext
-from workers.dispatch import CeleryDispatcher
 from workers.flower_guard import install_flower_guard
-from workers.heartbeat_step import HeartbeatStep
-from workers.liveness_step import LivenessStep
-from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
-from workers.reconciler_step import ReconcilerStep
-from workers.seating import seat_generate_worker
 from workers.settings import WorkerSettings
+from workers.state.dispatch import CeleryDispatcher
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 from workers.tasks import register_tasks
 
 UNACKED_RESTORE_THROTTLE = 1  # sweep on every interval, not every 10th (kombu's default)
@@ -62,7 +62,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
         "task_default_queue": GENERATE_QUEUE,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
-        # Several batches per worker share one in-flight window (see workers/generation.py).
+        # Several batches per worker share one in-flight window (see workers/generate/generation.py).
         "worker_pool": "threads",
         "worker_concurrency": settings.batches_in_flight,
     }
@@ -91,7 +91,7 @@ def make_app(
         contexts.close()
 
     def take_gpu_seat(sender: Any, **_: object) -> None:
-        """Before any consumer starts: a generate worker seats itself on its GPU (workers/seating.py)."""
+        """Before any consumer starts: a generate worker seats itself on its GPU (bootsteps/seating.py)."""
         if GENERATE_QUEUE in sender.app.amqp.queues.consume_from:
             seat_generate_worker(contexts.get(), CeleryDispatcher(app))
 

@@ -15,19 +15,19 @@ from typing import TypeVar
 from inference.client import SGLangClient
 from inference.records import Origin
 from inference.server_probe import ServerProbe
-from workers.dispatch import Dispatcher
-from workers.generation import GenerationEngine, RetryPolicy
-from workers.leases import LeaseKeeper
-from workers.ledger import gpu_label
-from workers.object_store import ObjectStore
-from workers.redis_client import connect
-from workers.runs import RunSettings, load_run_settings
-from workers.seat import Seat, stop_this_process
-from workers.server_record import ServerRecord
+from workers.generate.generation import GenerationEngine, RetryPolicy
+from workers.generate.server_record import ServerRecord
+from workers.generate.tails import BatchTails
+from workers.record.object_store import ObjectStore
+from workers.record.storage import open_store
+from workers.record.uploader import Uploader
+from workers.recovery.leases import LeaseKeeper
+from workers.recovery.seat import Seat, stop_this_process
 from workers.settings import WorkerSettings
-from workers.storage import open_store
-from workers.tails import BatchTails
-from workers.uploader import Uploader
+from workers.state.dispatch import Dispatcher
+from workers.state.ledger import gpu_label
+from workers.state.redis_client import connect
+from workers.state.runs import RunSettings, load_run_settings
 
 log = logging.getLogger(__name__)
 

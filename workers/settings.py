@@ -15,11 +15,16 @@ from typing import Any
 from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
-from workers.consumer_watch import DEFAULT_NOT_CONSUMING_LIMIT_S
 from workers.errors import InvalidSetting
-from workers.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
-from workers.reconciler import DEFAULT_RECONCILE_INTERVAL_S, DEFAULT_STRANDED_GRACE_S, ReconcileSettings
-from workers.silence import DEFAULT_SILENCE_LIMIT_S
+from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S
+from workers.record.upload_settings import UploadSettings
+from workers.recovery.consumer_watch import DEFAULT_NOT_CONSUMING_LIMIT_S
+from workers.recovery.leases import DEFAULT_LEASE_RENEW_S, DEFAULT_LEASE_TTL_S
+from workers.recovery.reconciler import (
+    DEFAULT_RECONCILE_INTERVAL_S,
+    DEFAULT_STRANDED_GRACE_S,
+    ReconcileSettings,
+)
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -33,12 +38,6 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BATCHES_IN_FLIGHT = 8
 DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see README "Failures"
 DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
-DEFAULT_UPLOAD_MAX_COMPLETIONS = 1000
-DEFAULT_UPLOAD_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_UPLOAD_MAX_AGE_S = 60.0
-# Lease of a run's flush lock, renewed before each part. An uploader killed mid-flush holds it until it
-# expires, so it is short: one part (at most 64 MB to S3) takes seconds.
-DEFAULT_UPLOAD_LOCK_S = 60.0
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back
 DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
 # Liveness (docs/liveness.md): a server with requests running and no token progress for this long is hung.
@@ -65,14 +64,6 @@ def redacted_url(url: str) -> str:
         return url
     scheme, _, rest = url.partition("://")
     return f"{scheme}://***@{rest.rpartition('@')[2]}"
-
-
-@dataclass(frozen=True)
-class UploadSettings:
-    max_completions: int = DEFAULT_UPLOAD_MAX_COMPLETIONS
-    max_bytes: int = DEFAULT_UPLOAD_MAX_BYTES
-    max_age_s: float = DEFAULT_UPLOAD_MAX_AGE_S
-    lock_s: float = DEFAULT_UPLOAD_LOCK_S
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any
 
 from celery import Celery, Task
 
-from workers.batches import UNEXPECTED_ERROR_RETRY_S, handle_generate
 from workers.context import ContextHolder
 from workers.errors import RetryLater, RunBroken
-from workers.queues import FLUSH_TASK, GENERATE_TASK
+from workers.generate.batches import UNEXPECTED_ERROR_RETRY_S, handle_generate
+from workers.state.queues import FLUSH_TASK, GENERATE_TASK
 
 log = logging.getLogger(__name__)
 

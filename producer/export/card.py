@@ -13,7 +13,7 @@ import msgspec
 from inference.server_facts import ServerFacts
 from producer.export.records import ExportRecord
 from producer.export.shards import SHARDS_PREFIX, Compression
-from workers.runs import RunSettings
+from workers.state.runs import RunSettings
 
 # Hugging Face's size categories: (upper bound, label); the last one has no bound.
 SIZE_CATEGORIES: tuple[tuple[int, str], ...] = (

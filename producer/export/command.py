@@ -24,8 +24,8 @@ from producer.export.tokenizer import load_token_counter
 from producer.export_cli import parse_include
 from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
-from workers.keys import check_run_name
-from workers.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output_url, open_store
+from workers.state.keys import check_run_name
 
 
 def export_settings(args: argparse.Namespace) -> ExportSettings:

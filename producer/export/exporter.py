@@ -49,7 +49,7 @@ from producer.export.shards import (
 )
 from producer.export.source import RunOutput
 from workers.errors import ObjectMissing
-from workers.object_store import ObjectStore
+from workers.record.object_store import ObjectStore
 
 PLAN_KEY = ".export/plan.json"
 SHARD_RECORDS_PREFIX = ".export/shards/"

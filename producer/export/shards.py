@@ -20,7 +20,7 @@ from typing import IO, Any, BinaryIO, cast
 import msgspec
 from backports import zstd
 
-from workers.object_store import ObjectStore
+from workers.record.object_store import ObjectStore
 
 DEFAULT_SHARD_ROWS = 10_000  # a few hundred MB of reasoning rows with their ids, at most
 SHARDS_PREFIX = "data/"

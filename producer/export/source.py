@@ -16,10 +16,10 @@ from inference.server_facts import ServerFacts, decode_facts
 from producer.export.errors import ExportError
 from producer.recover import read_run_settings
 from workers.errors import ObjectMissing
-from workers.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
-from workers.object_store import ObjectStore
-from workers.parquet_io import read_completions
-from workers.runs import RunSettings
+from workers.record.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
+from workers.record.object_store import ObjectStore
+from workers.record.parquet_io import read_completions
+from workers.state.runs import RunSettings
 
 
 class RunOutput:

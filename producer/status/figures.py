@@ -19,11 +19,17 @@ from producer.status.model import (
     QueueDepth,
     Rates,
 )
-from workers.heartbeat import WorkerHeartbeat
-from workers.quality_gate import DROPPED_TRUNCATIONS, GateReading
-from workers.queues import GENERATE_QUEUE
-from workers.runs import RunSettings
-from workers.stats_fields import COMPLETIONS, DEAD_PREFIX, FINISH_PREFIX, TOKEN_IDS_MISSING, quality_field
+from workers.generate.heartbeat import WorkerHeartbeat
+from workers.generate.quality_gate import DROPPED_TRUNCATIONS, GateReading
+from workers.state.queues import GENERATE_QUEUE
+from workers.state.runs import RunSettings
+from workers.state.stats_fields import (
+    COMPLETIONS,
+    DEAD_PREFIX,
+    FINISH_PREFIX,
+    TOKEN_IDS_MISSING,
+    quality_field,
+)
 
 RATE_WINDOW_S = 60.0  # "recent" rates: completions of the last minute
 MIN_COMPLETIONS_FOR_ETA = 20  # fewer in the window and the rate is noise: the ETA says "unknown"

@@ -31,15 +31,15 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
-from workers.consumer_watch import read_exit_notes
-from workers.control import pause_state
-from workers.heartbeat import read_heartbeats
-from workers.keys import RunKeys
-from workers.manifest import decode_entry
-from workers.quality_gate import read_gate
-from workers.queues import KOMBU_UNACKED_KEY, QUEUES
-from workers.redis_client import redis_now_s
-from workers.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
+from workers.generate.heartbeat import read_heartbeats
+from workers.generate.quality_gate import read_gate
+from workers.record.manifest import decode_entry
+from workers.recovery.consumer_watch import read_exit_notes
+from workers.state.control import pause_state
+from workers.state.keys import RunKeys
+from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
+from workers.state.redis_client import redis_now_s
+from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
 
 GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
 UNACKED_SCAN_COUNT = 1000

@@ -28,9 +28,9 @@ from producer.output_record import read_enqueued_ids
 from tests.explorer.fleet import RUN, EnqueueProcess, Fleet, FleetShape, Snapshot, UploaderProcess, Worker
 from tests.explorer.invariants import Invariants
 from tests.explorer.schedule import Killed, Process, Scheduler
-from workers.keys import RunKeys
-from workers.ledger import RunLedger
-from workers.queues import GENERATE_QUEUE
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE
 
 FAULT_PHASE_MAX_ACTIONS = 800
 FAULTS_AFTER_FINISHING = 40  # faults go on past the run's first finish: rollbacks then undo commits

@@ -1,7 +1,7 @@
 """The modelled fleet: processes running draftgen's real protocol code against a real redis-server.
 
 Real: every Lua script; the enqueue (`Enqueuer.enqueue`); a generate message's whole handling
-(`workers.batches.handle_generate`, and batch tails settled by `_settle_tail`); lease renewal
+(`workers.generate.batches.handle_generate`, and batch tails settled by `_settle_tail`); lease renewal
 (`LeaseKeeper.renew`); reconcile passes (`Reconciler.reconcile_all`); flushes and adoptions
 (`Uploader.flush`); the object store (a folder); kombu's Redis layout of the generate queue (the list
 and the `unacked` hash), which the reconciler reads.
@@ -36,20 +36,21 @@ from producer.recover import write_run_settings
 from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
-from workers.batches import handle_generate
 from workers.context import WorkerContext
 from workers.errors import RetryLater, RunBroken
-from workers.generation import BatchJob, BatchOutcome, Handover
-from workers.keys import RunKeys
-from workers.leases import Lease, LeaseKeeper
-from workers.manifest import MANIFEST_PREFIX
-from workers.protocol import Scripts
-from workers.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
-from workers.reconciler import RECONCILER_LOCK_KEY, Reconciler, ReconcileSettings
-from workers.runs import RunSettings
-from workers.settings import UploadSettings, WorkerSettings
-from workers.storage import FolderStore
-from workers.uploader import Uploader
+from workers.generate.batches import handle_generate
+from workers.generate.generation import BatchJob, BatchOutcome, Handover
+from workers.record.manifest import MANIFEST_PREFIX
+from workers.record.storage import FolderStore
+from workers.record.upload_settings import UploadSettings
+from workers.record.uploader import Uploader
+from workers.recovery.leases import Lease, LeaseKeeper
+from workers.recovery.reconciler import RECONCILER_LOCK_KEY, Reconciler, ReconcileSettings
+from workers.settings import WorkerSettings
+from workers.state.keys import RunKeys
+from workers.state.protocol import Scripts
+from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.state.runs import RunSettings
 
 RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED = "answered", "refused", "unanswered"

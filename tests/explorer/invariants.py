@@ -19,11 +19,11 @@ from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run
 from tests.explorer.fleet import RUN, Fleet
-from workers.codec import decode_blob
-from workers.keys import RunKeys
-from workers.leases import decode_holder
-from workers.ledger import RunLedger
-from workers.manifest import MANIFEST_PREFIX
+from workers.record.manifest import MANIFEST_PREFIX
+from workers.recovery.leases import decode_holder
+from workers.state.codec import decode_blob
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
 
 # The stored batches and the lease holders, in one round trip: this runs after every action.
 _BATCHES_AND_HOLDERS = """

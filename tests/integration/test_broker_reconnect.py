@@ -20,12 +20,9 @@ from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
-from workers.ledger import RunLedger
-from workers.settings import (
-    DEFAULT_SERVER_DOWN_RETRY_S,
-    DEFAULT_UPLOAD_MAX_AGE_S,
-    DEFAULT_UPLOAD_MAX_COMPLETIONS,
-)
+from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPLOAD_MAX_COMPLETIONS
+from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from inference.simulator import SimulatorProcess
 from producer.gc import collect_orphans
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
-from workers.keys import seat_key
-from workers.leases import decode_holder
-from workers.ledger import RunLedger
-from workers.manifest import DATA_PREFIX, read_manifest
-from workers.parquet_io import prompt_ids_in
-from workers.seating import EXIT_SEAT_HELD
-from workers.storage import open_store
+from workers.bootsteps.seating import EXIT_SEAT_HELD
+from workers.record.manifest import DATA_PREFIX, read_manifest
+from workers.record.parquet_io import prompt_ids_in
+from workers.record.storage import open_store
+from workers.recovery.leases import decode_holder
+from workers.state.keys import seat_key
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 

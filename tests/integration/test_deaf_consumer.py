@@ -20,7 +20,7 @@ from devstack.local_stack import PROJECT_ROOT, celery_command, wait_until
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
-from workers.consumer_watch import EXIT_NOT_CONSUMING
+from workers.recovery.consumer_watch import EXIT_NOT_CONSUMING
 
 pytestmark = pytest.mark.integration
 

@@ -19,14 +19,14 @@ from producer.output_record import read_enqueued_ids
 from producer.reading import iter_prompts
 from producer.recover import recover_run, write_run_settings
 from tests.support.records import completion
-from workers.codec import decode_blob
-from workers.keys import RunKeys
-from workers.ledger import RunLedger
-from workers.object_store import ObjectStore
-from workers.runs import RunSettings
-from workers.settings import UploadSettings
-from workers.storage import open_store
-from workers.uploader import Uploader
+from workers.record.object_store import ObjectStore
+from workers.record.storage import open_store
+from workers.record.upload_settings import UploadSettings
+from workers.record.uploader import Uploader
+from workers.state.codec import decode_blob
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 RUN = "enqueue-test"

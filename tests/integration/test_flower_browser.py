@@ -23,7 +23,7 @@ import pytest
 from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 pytestmark = pytest.mark.integration
 

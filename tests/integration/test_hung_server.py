@@ -23,8 +23,8 @@ from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.ledger import RunLedger
-from workers.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY
+from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY
 
 pytestmark = pytest.mark.integration
 

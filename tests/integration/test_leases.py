@@ -19,15 +19,15 @@ from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from workers.app import make_app
-from workers.keys import RunKeys
-from workers.kombu_layout import reserved_generate_batches, waiting_generate_batches
-from workers.leases import Acquired, LeaseKeeper, decode_holder
-from workers.ledger import RunLedger
-from workers.queues import GENERATE_QUEUE, GENERATE_TASK
-from workers.reconciler import Reconciler, ReconcileSettings
-from workers.redis_client import redis_now_s
-from workers.runs import RunSettings
+from workers.recovery.leases import Acquired, LeaseKeeper, decode_holder
+from workers.recovery.reconciler import Reconciler, ReconcileSettings
 from workers.settings import WorkerSettings
+from workers.state.keys import RunKeys
+from workers.state.kombu_layout import reserved_generate_batches, waiting_generate_batches
+from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK
+from workers.state.redis_client import redis_now_s
+from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

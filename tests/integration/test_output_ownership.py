@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from inference.exit_codes import EXIT_USAGE
-from workers.keys import RunKeys
+from workers.state.keys import RunKeys
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,14 @@ import redis
 from inference.records import SamplingSettings
 from producer.recover import write_run_settings
 from tests.support.records import completion
-from workers.control import PAUSED_BY_OUTPUT_PIN, pause_state, resume
-from workers.ledger import RunLedger
-from workers.manifest import read_manifest
-from workers.object_store import ObjectStore
-from workers.runs import RunSettings, encode_run_settings, load_run_settings
-from workers.settings import UploadSettings
-from workers.storage import open_store
-from workers.uploader import Uploader
+from workers.record.manifest import read_manifest
+from workers.record.object_store import ObjectStore
+from workers.record.storage import open_store
+from workers.record.upload_settings import UploadSettings
+from workers.record.uploader import Uploader
+from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause_state, resume
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings, encode_run_settings, load_run_settings
 
 pytestmark = pytest.mark.integration
 RUN = "pinned"

@@ -23,11 +23,11 @@ from inference.records import Quality
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.keys import RunKeys
-from workers.ledger import RunLedger
-from workers.manifest import completion_keys, read_manifest
-from workers.runs import decode_run_settings
-from workers.storage import open_store
+from workers.record.manifest import completion_keys, read_manifest
+from workers.record.storage import open_store
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import decode_run_settings
 
 pytestmark = pytest.mark.integration
 

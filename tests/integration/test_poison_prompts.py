@@ -23,7 +23,7 @@ from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.ledger import RunLedger
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 

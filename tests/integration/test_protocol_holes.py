@@ -27,21 +27,22 @@ from producer.verify import verify_run
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
-from workers import batches
-from workers.codec import decode_blob
 from workers.context import WorkerContext
 from workers.errors import StoreUnavailable
-from workers.generation import BatchOutcome
-from workers.keys import RunKeys
-from workers.leases import Acquired, LeaseKeeper
-from workers.ledger import RunLedger
-from workers.manifest import DATA_PREFIX, DEAD_PREFIX, MANIFEST_PREFIX, data_key
-from workers.object_store import ObjectInfo, ObjectStore
-from workers.reconciler import Reconciler, ReconcileSettings
-from workers.runs import RunSettings
-from workers.settings import UploadSettings, WorkerSettings
-from workers.storage import FolderStore, open_store
-from workers.uploader import Uploader
+from workers.generate import batches
+from workers.generate.generation import BatchOutcome
+from workers.record.manifest import DATA_PREFIX, DEAD_PREFIX, MANIFEST_PREFIX, data_key
+from workers.record.object_store import ObjectInfo, ObjectStore
+from workers.record.storage import FolderStore, open_store
+from workers.record.upload_settings import UploadSettings
+from workers.record.uploader import Uploader
+from workers.recovery.leases import Acquired, LeaseKeeper
+from workers.recovery.reconciler import Reconciler, ReconcileSettings
+from workers.settings import WorkerSettings
+from workers.state.codec import decode_blob
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
 from tests.support.stack import simulators
-from workers.keys import RunKeys
-from workers.ledger import RunLedger
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from devstack.local_stack import ManagedProcess, free_port, start_redis, wait_un
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
-from workers.ledger import RunLedger
-from workers.queues import GENERATE_QUEUE
 from workers.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_GRACE_S
+from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE
 
 pytestmark = pytest.mark.integration
 

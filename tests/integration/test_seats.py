@@ -13,11 +13,11 @@ from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import prompt
 from workers.errors import SeatHeld
-from workers.leases import Acquired, LeaseKeeper
-from workers.reconciler import Reconciler, ReconcileSettings
-from workers.redis_client import connect
-from workers.runs import RunSettings
-from workers.seat import Seat
+from workers.recovery.leases import Acquired, LeaseKeeper
+from workers.recovery.reconciler import Reconciler, ReconcileSettings
+from workers.recovery.seat import Seat
+from workers.state.redis_client import connect
+from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

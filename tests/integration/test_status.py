@@ -33,12 +33,12 @@ from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.control import PAUSED_BY_GATE, PAUSED_BY_USER
-from workers.keys import RunKeys
-from workers.manifest import read_manifest
-from workers.runs import decode_run_settings
+from workers.record.manifest import read_manifest
+from workers.record.storage import open_store
 from workers.settings import DEFAULT_MAX_IN_FLIGHT
-from workers.storage import open_store
+from workers.state.control import PAUSED_BY_GATE, PAUSED_BY_USER
+from workers.state.keys import RunKeys
+from workers.state.runs import decode_run_settings
 
 pytestmark = pytest.mark.integration
 

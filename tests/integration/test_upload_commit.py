@@ -15,14 +15,14 @@ from producer.recover import recover_run, write_run_settings
 from producer.verify import verify_run
 from tests.support.records import completion, prompt
 from workers.errors import RetryLater
-from workers.ledger import RunLedger
-from workers.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest
-from workers.object_store import ObjectStore
-from workers.parquet_io import completions_to_parquet
-from workers.runs import RunSettings, encode_run_settings, load_run_settings
-from workers.settings import UploadSettings
-from workers.storage import open_store
-from workers.uploader import Uploader
+from workers.record.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest
+from workers.record.object_store import ObjectStore
+from workers.record.parquet_io import completions_to_parquet
+from workers.record.storage import open_store
+from workers.record.upload_settings import UploadSettings
+from workers.record.uploader import Uploader
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings, encode_run_settings, load_run_settings
 
 pytestmark = pytest.mark.integration
 RUN = "upload-test"

@@ -49,7 +49,7 @@ from tests.support.bad_inputs import (
     run_in_subprocess,
     write_inputs,
 )
-from workers.keys import RunKeys
+from workers.state.keys import RunKeys
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from producer.export.selection import Selection
 from producer.export.shards import Compression
 from producer.export.source import RunOutput
 from tests.support.run_output import SERVER_ID, completion, files_under, write_run_output
-from workers.storage import FolderStore
+from workers.record.storage import FolderStore
 
 RUN = "qwen-think-v1"
 CLOSED_REDIS = "redis://127.0.0.1:1/0"  # nothing listens there: export must not need Redis

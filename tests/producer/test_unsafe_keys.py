@@ -10,7 +10,7 @@ import pytest
 
 from producer.cli import main
 from tests.support.run_output import completion, write_run_output
-from workers.manifest import manifest_key
+from workers.record.manifest import manifest_key
 
 RUN = "keys"
 CLOSED_REDIS = "redis://127.0.0.1:1/0"

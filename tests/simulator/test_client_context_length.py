@@ -16,8 +16,8 @@ from inference.records import Origin, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
 from tests.support.handover import Recorder
 from tests.support.records import prompt
-from workers.generation import CONTEXT_HEADROOM_TOKENS, GenerationEngine, RetryPolicy, Truncation
-from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
+from workers.generate.generation import CONTEXT_HEADROOM_TOKENS, GenerationEngine, RetryPolicy, Truncation
+from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 SERVE_CONTEXT_TOKENS = 40_960  # the README's `serve --context-length`
 SMALL_CONTEXT_TOKENS = 2_048  # small enough for a whole retry ladder to run in a moment

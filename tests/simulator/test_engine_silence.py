@@ -13,7 +13,7 @@ from inference.simulator import SimulatorProcess
 from tests.simulator.test_simulator_scheduler import running_and_queued
 from tests.support.handover import Recorder
 from tests.support.records import prompt
-from workers.generation import GenerationEngine, RetryPolicy
+from workers.generate.generation import GenerationEngine, RetryPolicy
 
 # The limit is 1 s, not the default 30 s, so the test takes seconds: at speedup 10 a request here
 # streams a chunk every 10-20 ms, so a second of silence is still 50 chunk intervals.

@@ -17,9 +17,9 @@ import redis
 from inference.exit_codes import EXIT_OK
 from inference.records import DeadLetter, DeadLetterReason, SamplingSettings
 from producer.cli import main
-from workers.keys import RUNS_KEY, RunKeys
-from workers.ledger import RunLedger
-from workers.runs import RunSettings, encode_run_settings
+from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import RunSettings, encode_run_settings
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"  # the run every case names unless it says otherwise

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.records import Completion, DeadLetter
-from workers.poison import Strike
+from workers.state.poison import Strike
 
 
 class Recorder:

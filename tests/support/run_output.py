@@ -10,10 +10,10 @@ import msgspec
 
 from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from inference.server_facts import ServerFacts, encode_facts, facts_id
-from workers.manifest import ManifestEntry, data_key, encode_entry, manifest_key, server_key
-from workers.parquet_io import completions_to_parquet
-from workers.runs import RunSettings, encode_run_settings
-from workers.storage import FolderStore
+from workers.record.manifest import ManifestEntry, data_key, encode_entry, manifest_key, server_key
+from workers.record.parquet_io import completions_to_parquet
+from workers.record.storage import FolderStore
+from workers.state.runs import RunSettings, encode_run_settings
 
 IM_START, IM_END, THINK_OPEN, THINK_CLOSE, NEWLINE = 151644, 151645, 151667, 151668, 198
 WORD_ID = 1000

@@ -16,11 +16,11 @@ import redis
 
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from workers.keys import RunKeys
-from workers.ledger import RunLedger
-from workers.manifest import completion_keys, read_manifest
-from workers.runs import decode_run_settings
-from workers.storage import open_store
+from workers.record.manifest import completion_keys, read_manifest
+from workers.record.storage import open_store
+from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
+from workers.state.runs import decode_run_settings
 
 FAST_WORKER_ENV = {
     "DRAFTGEN_UPLOAD_MAX_AGE_S": "1",

@@ -17,7 +17,7 @@ from producer.export.exporter import PLAN_KEY, RECORD_KEY, SHARD_RECORDS_PREFIX
 from producer.gc import collect_orphans
 from producer.recover import check_output_belongs_to
 from tests.support.iam_policies import RecordingS3, Request, grammar_errors, is_allowed
-from workers.manifest import (
+from workers.record.manifest import (
     ENQUEUED_PREFIX,
     REJECTED_PREFIX,
     SETTINGS_KEY,
@@ -30,7 +30,7 @@ from workers.manifest import (
     read_manifest,
     server_key,
 )
-from workers.s3_store import S3Store
+from workers.record.s3_store import S3Store
 
 IAM_DIR = Path(__file__).resolve().parents[2] / "deploy" / "iam"
 ACCOUNT = "123456789012"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import redis
 
-from workers.consumer_watch import (
+from workers.recovery.consumer_watch import (
     EXIT_NOT_CONSUMING,
     ConsumerFigures,
     ConsumerWatch,
     NotConsumingJudge,
     read_exit_notes,
 )
-from workers.queues import GENERATE_QUEUE
+from workers.state.queues import GENERATE_QUEUE
 
 LIMIT_S = 120.0
 LABEL = "node-a/gpu0"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.storage import FolderStore, normalise_output_url, open_store
+from workers.record.storage import FolderStore, normalise_output_url, open_store
 
 GROUP_READABLE_UMASK = 0o022
 PRIVATE_UMASK = 0o077

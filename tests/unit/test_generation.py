@@ -16,7 +16,7 @@ from inference.errors import FailureCause, InferenceRejected, InferenceUnavailab
 from inference.records import Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
-from workers.generation import (
+from workers.generate.generation import (
     CONTEXT_HEADROOM_TOKENS,
     REASON_EXHAUSTED,
     REASON_REJECTED,
@@ -25,7 +25,7 @@ from workers.generation import (
     RetryPolicy,
     Truncation,
 )
-from workers.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
+from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 WINDOW = 4
 WAIT_S = 10.0

@@ -46,6 +46,72 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert upward == []
 
 
+# workers/ is rooms, lowest first. A room imports only itself, the rooms it lists, and the floor; the
+# Celery edge (the package's own modules, bootsteps/) imports anything, and no room imports it.
+WORKERS_FLOOR = {"workers", "workers.errors", "workers.periodic"}
+WORKERS_ROOMS: dict[str, set[str]] = {
+    "workers.state": set(),
+    "workers.record": {"workers.state"},
+    "workers.recovery": {"workers.state"},
+    "workers.generate": {"workers.state", "workers.recovery"},
+}
+# What the producer may import of workers: the floor, the run state and the output record. And, named one
+# by one until they move below: the next step of docs/layers.md.
+PRODUCER_SEES = {"workers.state", "workers.record"}
+PRODUCER_ALSO_IMPORTS = {
+    "workers.settings",  # the environment's names and the Redis default, shared by both sides
+    "workers.app",  # enqueue builds an app to publish its first messages
+    "workers.recovery.reconciler",  # enqueue dispatches a run's stranded batches again
+    "workers.recovery.consumer_watch",  # status reads the notes of workers that restarted themselves
+    "workers.generate.heartbeat",  # status and the metrics exporter read the heartbeats
+    "workers.generate.quality_gate",  # status reads the gate's last judgement
+}
+
+
+def room_of(module: str) -> str:
+    """`workers.state.keys` -> `workers.state`; a module of the package itself is the edge, `workers`."""
+    parts = module.split(".")
+    if len(parts) > 2 and f"workers.{parts[1]}" in WORKERS_ROOMS:
+        return f"workers.{parts[1]}"
+    return module if module in WORKERS_FLOOR else "edge"
+
+
+def workers_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("workers."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.update({node.module} if node.module.startswith("workers.") else set())
+    return found
+
+
+def test_each_workers_room_imports_only_the_rooms_below_it() -> None:
+    crossings = sorted(
+        (str(path.relative_to(ROOT)), imported)
+        for path in (ROOT / "workers").rglob("*.py")
+        if (room := room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))) in WORKERS_ROOMS
+        for imported in workers_imports(path)
+        if room_of(imported) not in WORKERS_FLOOR | {room} | WORKERS_ROOMS[room]
+    )
+    assert crossings == []
+
+
+def test_the_producer_imports_workers_only_through_the_state_and_the_output_record() -> None:
+    crossings = sorted(
+        (str(path.relative_to(ROOT)), imported)
+        for path in (ROOT / "producer").rglob("*.py")
+        for imported in workers_imports(path)
+        if room_of(imported) not in WORKERS_FLOOR | PRODUCER_SEES and imported not in PRODUCER_ALSO_IMPORTS
+    )
+    assert crossings == []
+
+
+def test_every_workers_module_lives_in_a_room_or_is_the_edge() -> None:
+    rooms = {path.parent.name for path in (ROOT / "workers").glob("*/__init__.py")}
+    assert rooms == {name.split(".")[1] for name in WORKERS_ROOMS} | {"bootsteps"}
+
+
 def imported_modules(path: Path, known: set[str]) -> set[str]:
     """Our modules this file imports, at the top or inside a function; `from a import b` means a.b if
     that is a module."""

@@ -12,7 +12,13 @@ import pytest
 from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
 from inference.metrics_reader import MetricsSnapshot, parse_metrics
 from inference.readiness import ReadinessTarget
-from workers.liveness import Liveness, LivenessJudge, LivenessVerdict, LivenessWatcher, run_restart_command
+from workers.generate.liveness import (
+    Liveness,
+    LivenessJudge,
+    LivenessVerdict,
+    LivenessWatcher,
+    run_restart_command,
+)
 from workers.settings import WorkerSettings
 
 STALL_S = 300.0

@@ -7,12 +7,12 @@ import sys
 
 from devstack.local_stack import PROJECT_ROOT
 from tests.support.records import completion
-from workers.parquet_io import completions_to_parquet, prompt_ids_in, read_completions
+from workers.record.parquet_io import completions_to_parquet, prompt_ids_in, read_completions
 
 EXIT_RUNS = 3
 READ_AND_EXIT = """
 from tests.support.records import completion
-from workers.parquet_io import completions_to_parquet, prompt_ids_in
+from workers.record.parquet_io import completions_to_parquet, prompt_ids_in
 print(len(prompt_ids_in(completions_to_parquet([completion(f"p{i}") for i in range(500)]))))
 """
 

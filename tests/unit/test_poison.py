@@ -14,9 +14,9 @@ from inference.records import Message, Origin, SamplingSettings
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from tests.unit.test_generation import FakeServer
-from workers.generation import REASON_POISON, GenerationEngine, RetryPolicy
-from workers.poison import PoisonPolicy, Strike, Verdict, describe
-from workers.silence import PROBE_RID_PREFIX
+from workers.generate.generation import REASON_POISON, GenerationEngine, RetryPolicy
+from workers.generate.silence import PROBE_RID_PREFIX
+from workers.state.poison import PoisonPolicy, Strike, Verdict, describe
 
 ATTEMPTS = 3  # the README's DRAFTGEN_MAX_ATTEMPTS
 WINDOW = 4

@@ -24,11 +24,11 @@ from producer.report import (
     throughput_per_gpu,
 )
 from producer.report_render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, summary_rows, write_report
-from workers.keys import RunKeys
-from workers.manifest import ManifestEntry, data_key, encode_entry, manifest_key
-from workers.object_store import ObjectStore
-from workers.parquet_io import completions_to_parquet
-from workers.storage import FolderStore
+from workers.record.manifest import ManifestEntry, data_key, encode_entry, manifest_key
+from workers.record.object_store import ObjectStore
+from workers.record.parquet_io import completions_to_parquet
+from workers.record.storage import FolderStore
+from workers.state.keys import RunKeys
 
 RUN = "report-test"
 T0 = 1_750_000_000.0  # the run's first request, unix seconds

@@ -7,8 +7,8 @@ from inference.records import SamplingSettings
 from producer.errors import SettingsError
 from producer.run_config import read_toml, resolve_run_settings
 from workers.errors import InvalidRunName
-from workers.keys import check_run_name
-from workers.runs import RunSettings, differences
+from workers.state.keys import check_run_name
+from workers.state.runs import RunSettings, differences
 
 
 def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:

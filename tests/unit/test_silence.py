@@ -13,8 +13,8 @@ from inference.chat_stream import ChatResult, ProgressCallback
 from inference.records import Message, Origin, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
-from workers.generation import GenerationEngine, RetryPolicy
-from workers.silence import (
+from workers.generate.generation import GenerationEngine, RetryPolicy
+from workers.generate.silence import (
     PROBE_RID_PREFIX,
     RECHECK_FRACTION,
     SEND_ORDER_MARGIN_S,

@@ -10,8 +10,8 @@ from celery.exceptions import Retry
 
 from workers.app import make_app
 from workers.errors import RetryLater
-from workers.queues import FLUSH_TASK, GENERATE_TASK
 from workers.settings import WorkerSettings
+from workers.state.queues import FLUSH_TASK, GENERATE_TASK
 
 MANY_RETRIES = 50
 

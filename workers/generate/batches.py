@@ -1,0 +1,271 @@
+"""One generate message: lease the batch, generate what it still needs, hand it over, finish or hand back.
+
+`handle_generate` is what the Celery task calls. It returns a report when the message may be
+acknowledged, and raises RetryLater when the batch must come back later (its lease released, so
+nothing else redelivers it meanwhile). Whatever else happens, the lease runs out and the reconciler
+dispatches the batch again: no path leaves a batch without a message for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import redis
+
+from inference.records import DeadLetter, DeadLetterReason, PromptBatch
+from workers.errors import RetryLater, RunBroken
+from workers.generate.generation import BatchOutcome, Truncation
+from workers.generate.quality_gate import check_quality_gate
+from workers.recovery.leases import Acquired, Lease, defer_batch, finish_batch
+from workers.state.codec import decode_blob
+from workers.state.control import PAUSED_RETRY_S, pause_state
+from workers.state.ledger import RunLedger
+
+if TYPE_CHECKING:
+    import threading
+
+    from workers.generate.generation import GenerationEngine
+    from workers.generate.server_record import ServerRecord
+    from workers.generate.tails import BatchTails
+    from workers.recovery.leases import LeaseKeeper
+    from workers.state.runs import RunSettings
+
+
+class BatchWorkerSettings(Protocol):
+    @property
+    def server_url(self) -> str: ...
+    @property
+    def server_down_retry_s(self) -> float: ...
+
+
+class BatchContext(Protocol):
+    """What a batch needs of its worker process (`workers.context.WorkerContext` is the one there is)."""
+
+    redis: redis.Redis
+    stopping: threading.Event
+    tails: BatchTails
+
+    @property
+    def settings(self) -> BatchWorkerSettings: ...
+    @property
+    def engine(self) -> GenerationEngine: ...
+    @property
+    def leases(self) -> LeaseKeeper: ...
+    @property
+    def server_record(self) -> ServerRecord: ...
+    def run_settings(self, run: str) -> RunSettings: ...
+    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None: ...
+    def dispatch_flush(self, run: str) -> None: ...
+
+
+log = logging.getLogger(__name__)
+
+BACKLOG_RETRY_S = 30.0
+HAND_BACK_NOW_S = 0.0  # a stopping worker's batches go back for another worker at once
+REDIS_UNREACHABLE_RETRY_S = 10.0
+UNEXPECTED_ERROR_RETRY_S = 60.0
+MAX_BATCH_FAILURES = 5  # unexpected errors on one batch before its prompts are dead-lettered
+MAX_STAGED_PER_RUN = 50_000  # upload backlog bound: past it, generation waits for the uploader
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch_id: str
+    prompts: int
+    generated: int
+    dead_lettered: int
+    skipped: int
+    note: str = ""
+
+    @property
+    def handed_over(self) -> bool:
+        return bool(self.generated or self.dead_lettered)
+
+
+def _nothing(batch_id: str, note: str) -> BatchReport:
+    return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0, note=note)
+
+
+def handle_generate(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
+    """The whole of one generate message, errors mapped: RetryLater, RunBroken, or a report."""
+    try:
+        return process_batch(ctx, run, batch_id)
+    except (RetryLater, RunBroken):
+        raise
+    except redis.RedisError as error:  # the coordination point is away: not the batch's fault
+        raise RetryLater(f"Redis unreachable: {error}", delay_s=REDIS_UNREACHABLE_RETRY_S) from error
+    except Exception as error:
+        return _count_failure(ctx, run, batch_id, error)
+
+
+def _count_failure(ctx: BatchContext, run: str, batch_id: str, error: Exception) -> BatchReport:
+    log.exception("batch %s of run %s failed unexpectedly", batch_id, run)
+    try:
+        failures = int(ctx.redis.hincrby(RunLedger(ctx.redis, run).keys.batch_failures, batch_id, 1))
+        if failures >= MAX_BATCH_FAILURES:
+            given_up = dead_letter_batch(ctx, run, batch_id, f"{type(error).__name__}: {error}")
+            return BatchReport(batch_id, prompts=given_up, generated=0, dead_lettered=given_up, skipped=0)
+    except redis.RedisError as redis_error:  # counted or not, the batch comes back
+        log.warning("could not count the failure of batch %s: %s", batch_id, redis_error)
+    raise RetryLater(f"{type(error).__name__}: {error}", delay_s=UNEXPECTED_ERROR_RETRY_S) from error
+
+
+def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
+    """Generate what the batch still needs under its lease."""
+    if ctx.stopping.is_set():
+        raise RetryLater("worker shutting down", delay_s=HAND_BACK_NOW_S)
+    ledger = RunLedger(ctx.redis, run)
+    paused = pause_state(ctx.redis, run)
+    if paused is not None:
+        defer_batch(ctx.redis, run, batch_id, PAUSED_RETRY_S)
+        raise RetryLater(f"run {run!r} is paused: {paused.reason}", delay_s=PAUSED_RETRY_S)
+    if ctx.redis.zcard(ledger.keys.staged_index) >= MAX_STAGED_PER_RUN:
+        defer_batch(ctx.redis, run, batch_id, BACKLOG_RETRY_S)
+        raise RetryLater(
+            f"run {run!r} has {MAX_STAGED_PER_RUN}+ completions awaiting upload", delay_s=BACKLOG_RETRY_S
+        )
+    ctx.run_settings(run)  # an unknown run is refused before anything is leased
+    acquired, lease = ctx.leases.acquire(run, batch_id)
+    if acquired is Acquired.FINISHED:
+        log.info("batch %s of run %s: already finished", batch_id, run)
+        return _nothing(batch_id, "already finished")
+    if acquired is Acquired.HELD:
+        log.info("batch %s of run %s: another worker is generating it", batch_id, run)
+        return _nothing(batch_id, "held by another worker")
+    try:
+        return _generate_leased(ctx, ledger, lease)
+    except RetryLater:
+        raise
+    except redis.RedisError:
+        ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)
+        raise
+    except Exception:
+        ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
+        raise
+    except BaseException:
+        ctx.leases.abandon(lease)  # runs out; the reconciler dispatches the batch again
+        raise
+
+
+def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> BatchReport:
+    run, batch_id = lease.run, lease.batch_id
+    blob = ctx.redis.get(ledger.keys.batch(batch_id))
+    if blob is None:  # finished between the lease and now
+        ctx.leases.abandon(lease)
+        return _nothing(batch_id, "already finished")
+    batch = decode_blob(blob, PromptBatch)
+    pending = ledger.pending(batch.prompts)
+    settings = ctx.run_settings(run)
+    truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
+    if pending:
+        ctx.engine.origin = ctx.server_record.refresh()
+    job = ctx.engine.submit_batch(
+        run, pending, settings.sampling, ledger, truncation, still_held=lambda: ctx.leases.held(lease)
+    )
+    job.wait_sent()
+    if job.done.done() or ctx.stopping.is_set():  # a stopping worker hands back through Celery's retry
+        return _settle(ctx, lease, batch, len(pending), job.outcome())
+    ctx.tails.detach(job.done, lambda done: _settle_tail(ctx, lease, batch, len(pending), done))
+    skipped = len(batch.prompts) - len(pending)
+    note = "every prompt sent; the last requests finish after this message"
+    return BatchReport(
+        batch_id, prompts=len(batch.prompts), generated=0, dead_lettered=0, skipped=skipped, note=note
+    )
+
+
+def _settle(
+    ctx: BatchContext, lease: Lease, batch: PromptBatch, pending: int, outcome: BatchOutcome
+) -> BatchReport:
+    """Every prompt of the batch is settled: finish it, or hand it back (RetryLater) if some got no answer."""
+    run = lease.run
+    tripped = check_quality_gate(ctx.redis, run, ctx.run_settings(run).gate)
+    if tripped:
+        log.error("run %s paused by the quality gate: %s", run, tripped)
+    if outcome.unreachable:
+        delay_s = HAND_BACK_NOW_S if ctx.stopping.is_set() else ctx.settings.server_down_retry_s
+        why = (
+            f"{len(outcome.unreachable)} prompts got no answer from {ctx.settings.server_url} "
+            f"({outcome.last_error})"
+        )
+        return _hand_back(ctx, lease, why, delay_s=delay_s)
+    unsettled = ctx.leases.finish(lease, [p.id for p in batch.prompts])
+    if unsettled:
+        why = f"Redis holds no hand-over of {len(unsettled)} prompts (it lost its last writes)"
+        return _hand_back(ctx, lease, why, delay_s=HAND_BACK_NOW_S)
+    report = BatchReport(
+        lease.batch_id,
+        prompts=len(batch.prompts),
+        generated=outcome.staged,
+        dead_lettered=outcome.dead_lettered,
+        skipped=len(batch.prompts) - pending + outcome.already_handled,
+    )
+    log.info("run %s %s", run, report)
+    return report
+
+
+def _settle_tail(
+    ctx: BatchContext, lease: Lease, batch: PromptBatch, pending: int, done: Future[BatchOutcome]
+) -> None:
+    """A detached batch's last prompt settled. Its message is gone: a hand-back sends a new one."""
+    run, batch_id = lease.run, lease.batch_id
+    try:
+        report = _settle(ctx, lease, batch, pending, done.result())
+    except RetryLater as error:
+        log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
+        ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s)
+        return
+    except redis.RedisError:
+        ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)  # the reconciler sends it again
+        raise
+    except Exception as error:
+        ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
+        try:
+            report = _count_failure(ctx, run, batch_id, error)
+        except RetryLater as retry:
+            ctx.dispatch_generate(run, batch_id, countdown_s=retry.delay_s)
+            return
+    if report.handed_over:
+        ctx.dispatch_flush(run)
+
+
+def _hand_back(ctx: BatchContext, lease: Lease, why: str, *, delay_s: float) -> BatchReport:
+    """Some prompts are still to generate: the batch comes back in `delay_s`, unless another execution
+    has it now."""
+    if not ctx.leases.release(lease, delay_s=delay_s):
+        return _nothing(lease.batch_id, "taken over by another worker")
+    raise RetryLater(f"batch {lease.batch_id}: {why}", delay_s=delay_s)
+
+
+def dead_letter_batch(ctx: BatchContext, run: str, batch_id: str, error: str) -> int:
+    """Give up on a batch that keeps failing: its remaining prompts go to the dead-letter set."""
+    ledger = RunLedger(ctx.redis, run)
+    blob = ctx.redis.get(ledger.keys.batch(batch_id))
+    if blob is None:
+        return 0
+    batch = decode_blob(blob, PromptBatch)
+    letters = [
+        DeadLetter(
+            prompt_id=p.id,
+            row=p.row,
+            file=p.file,
+            reason=DeadLetterReason.BATCH_FAILED,
+            error=error,
+            attempts=0,
+        )
+        for p in ledger.pending(batch.prompts)
+    ]
+    count = sum(ledger.dead_letter(letter) for letter in letters)
+    unsettled = finish_batch(ctx.redis, run, batch_id, [p.id for p in batch.prompts])
+    if unsettled:  # Redis lost the letters just written: the reconciler dispatches the batch again
+        log.warning("batch %s of run %s: %d dead letters lost by Redis", batch_id, run, len(unsettled))
+    log.error(
+        "batch %s of run %s: %d prompts dead-lettered after repeated failures: %s",
+        batch_id,
+        run,
+        count,
+        error,
+    )
+    return count

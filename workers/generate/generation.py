@@ -1,0 +1,583 @@
+"""Generating a batch's completions while keeping the server's slots full across batch boundaries.
+
+One `GenerationEngine` per worker process owns an event loop thread, one client, and one in-flight
+window (a FIFO semaphore sized to the server's running-request slots). Every batch the worker holds
+feeds the same window, so while one batch's slowest requests finish, the next batch's prompts
+already occupy the freed slots.
+
+`submit_batch` returns a `BatchJob` at once: its `sent` event is set when every prompt of the batch
+has been sent (or settled without a request), its `outcome` when every prompt is settled. A caller
+that only waits for `sent` can take the next batch while this one's long requests finish: with
+reasoning lengths' heavy tail, a batch spends most of its life waiting for one or two of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import msgspec
+
+from inference.backoff import backoff_delay_s
+from inference.chat_stream import ChatResult, ProgressCallback
+from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
+from inference.quality import label_completion
+from inference.records import (
+    Completion,
+    DeadLetter,
+    DeadLetterReason,
+    Message,
+    Origin,
+    Prompt,
+    Quality,
+    SamplingSettings,
+    Timings,
+)
+from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
+from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
+from workers.state.ledger import gpu_label
+from workers.state.poison import STRIKING_CAUSES, PoisonPolicy, Strike, Verdict, describe
+from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+REASON_REJECTED = "rejected_by_server"
+REASON_EXHAUSTED = "failed_every_attempt"
+REASON_TRUNCATED = "truncated_in_thinking"
+REASON_POISON = DeadLetterReason.POISON_PROMPT.value
+# SGLang adds speculative decoding's reserved tokens, max(topk * steps, draft tokens), to the input
+# before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
+# out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.
+CONTEXT_HEADROOM_TOKENS = 64
+
+
+class ChatClient(Protocol):
+    async def chat(
+        self,
+        messages: list[Message],
+        sampling: SamplingSettings,
+        rid: str,
+        on_progress: ProgressCallback | None = None,
+    ) -> ChatResult: ...
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StatesContextLength(Protocol):
+    """A client that can ask its server for the context length (SGLangClient does)."""
+
+    async def context_length(self) -> int | None: ...
+
+
+class Handover(Protocol):
+    """Where finished work goes: the upload path (staged) or the dead-letter set; and the failed requests
+    of prompts, kept across workers (workers/state/poison.py). Blocking calls."""
+
+    def stage(self, completion: Completion) -> bool: ...
+    def dead_letter(self, letter: DeadLetter) -> bool: ...
+    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]: ...
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]: ...
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """How a run treats thinking cut off by the budget (see workers.state.runs.TruncationPolicy)."""
+
+    policy: TruncationPolicy = TruncationPolicy.KEEP
+    max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
+
+    def next_budget(
+        self, max_tokens: int, *, prompt_tokens: int = 0, context_length: int | None = None
+    ) -> int | None:
+        """The larger budget to retry with, or None when the policy, the cap or the context says no.
+
+        The budget grows by BUDGET_GROWTH_FACTOR up to the cap and to what the server's context leaves
+        after this prompt (less CONTEXT_HEADROOM_TOKENS); a server that does not state its context
+        (None) is capped by the cap alone. When that is no larger than `max_tokens`: no retry, keep
+        what there is."""
+        if self.policy is not TruncationPolicy.RETRY:
+            return None
+        ceiling = self.max_tokens_cap
+        if context_length is not None:
+            ceiling = min(ceiling, context_length - prompt_tokens - CONTEXT_HEADROOM_TOKENS)
+        larger = min(max_tokens * BUDGET_GROWTH_FACTOR, ceiling)
+        return larger if larger > max_tokens else None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+
+
+@dataclass
+class BatchOutcome:
+    staged: int = 0
+    dead_lettered: int = 0
+    already_handled: int = 0
+    unreachable: list[str] = field(default_factory=list)  # prompt ids left for a later delivery
+    last_error: str = ""
+
+
+def build_completion(
+    prompt: Prompt,
+    result: ChatResult,
+    sampling: SamplingSettings,
+    origin: Origin,
+    attempt: int,
+    budget_retries: int = 0,
+) -> Completion:
+    return Completion(
+        prompt_id=prompt.id,
+        messages=prompt.messages,
+        reasoning_content=result.reasoning_content,
+        content=result.content,
+        finish_reason=result.finish_reason,
+        usage=result.usage,
+        timings=Timings(
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            latency_s=result.finished_at - result.started_at,
+        ),
+        model=sampling.model,
+        sampling=sampling,
+        origin=origin,
+        attempt=attempt,
+        quality=label_completion(
+            content=result.content,
+            reasoning_content=result.reasoning_content,
+            finish_reason=result.finish_reason,
+            thinking_enabled=sampling.enable_thinking,
+        ),
+        spec_accept_length=result.spec_accept_length,
+        budget_retries=budget_retries,
+        prompt_token_ids=result.prompt_token_ids,
+        response_token_ids=result.response_token_ids,
+    )
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclass
+class _Job:
+    run: str
+    sampling: SamplingSettings
+    handover: Handover
+    truncation: Truncation
+    outcome: BatchOutcome
+    still_held: Callable[[], bool] = _always  # False once the batch's lease is gone: send nothing more
+    unsent: int = 0  # prompts whose first request has not been sent yet
+    sent: threading.Event = field(default_factory=threading.Event)
+    sent_ids: set[str] = field(default_factory=set)
+    alone: set[str] = field(default_factory=set)  # suspects: sent with nothing else in flight
+
+    def mark_sent(self, prompt_id: str) -> None:
+        """The prompt's first request went out, or it settled without one. Called on the loop only."""
+        if prompt_id in self.sent_ids:
+            return
+        self.sent_ids.add(prompt_id)
+        self.unsent -= 1
+        if self.unsent <= 0:
+            self.sent.set()
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A batch at work on the engine's loop."""
+
+    sent: threading.Event  # every prompt has been sent, or settled without a request
+    done: Future[BatchOutcome]
+
+    def wait_sent(self) -> None:
+        self.sent.wait()
+
+    def outcome(self) -> BatchOutcome:
+        return self.done.result()
+
+
+class GenerationEngine:
+    # the server's context length, looked up lazily by _server_context_length (not in __init__)
+    _context_length_lookup: asyncio.Future[int | None] | None = None
+
+    def __init__(
+        self,
+        client_factory: Callable[[], ChatClient],
+        *,
+        max_in_flight: int,
+        retry: RetryPolicy,
+        origin: Origin,
+        silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S,
+        poison: PoisonPolicy | None = None,
+        server_identity: str = "",
+    ) -> None:
+        self._retry = retry
+        self.origin = origin  # the worker names the server's facts in it once it has read them
+        self._poison = poison or PoisonPolicy()
+        self._server_identity = server_identity or uuid.uuid4().hex[:8]  # which server, which process
+        self._server_life = 0  # moves on each time the server went down: the strikes' `life`
+        self._served_since_down = True
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
+        self._thread.start()
+        self._window = self._call(self._make_window(max_in_flight))
+        self._nobody_alone, self._idle = self._call(self._make_events())
+        self._alone_lock = self._call(self._make_lock())
+        self._client: ChatClient = self._call(self._make_client(client_factory))
+        self._silence = SilenceWatch(silence_limit_s, self._client.chat)
+        self._in_flight: set[asyncio.Task[ChatResult]] = set()
+        self._suspended_because: str | None = None
+        self._draining = False
+
+    @staticmethod
+    async def _make_window(size: int) -> asyncio.Semaphore:
+        return asyncio.Semaphore(size)
+
+    @staticmethod
+    async def _make_events() -> tuple[asyncio.Event, asyncio.Event]:
+        nobody_alone, idle = asyncio.Event(), asyncio.Event()
+        nobody_alone.set()
+        idle.set()
+        return nobody_alone, idle
+
+    @staticmethod
+    async def _make_lock() -> asyncio.Lock:
+        return asyncio.Lock()
+
+    @staticmethod
+    async def _make_client(factory: Callable[[], ChatClient]) -> ChatClient:
+        return factory()
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended_because is not None
+
+    def suspend(self, reason: str) -> None:
+        """Stop sending requests and abandon those in flight: their prompts go back with their batches.
+
+        Used when the server is hung. Every batch held returns promptly with those prompts left
+        pending, so its message is delivered again (to this worker once resumed, or another).
+        """
+        self._call(self._suspend(reason))
+
+    async def _suspend(self, reason: str) -> None:
+        self._suspended_because = reason
+        for task in list(self._in_flight):
+            task.cancel()
+
+    def resume(self) -> None:
+        self._call(self._resume())
+
+    async def _resume(self) -> None:
+        self._suspended_because = None
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self, *, grace_s: float) -> None:
+        """The worker is stopping: send nothing new; requests in flight get `grace_s`, then are abandoned.
+
+        Safe to call from a signal handler: it only schedules work on the engine's loop. Every held
+        batch then returns with its unsent and abandoned prompts pending, to be handed back.
+        """
+        self._loop.call_soon_threadsafe(self._begin_drain, grace_s)
+
+    def _begin_drain(self, grace_s: float) -> None:
+        self._draining = True
+        self._loop.call_later(grace_s, lambda: asyncio.ensure_future(self._suspend("shutdown grace over")))
+
+    def _stop_reason(self, job: _Job) -> str | None:
+        """Why no new request of this job may be sent, or None."""
+        if self._suspended_because is not None:
+            return self._suspended_because
+        if self._draining:
+            return "worker shutting down"
+        if not job.still_held():
+            return "batch lease lost"
+        return None
+
+    def submit_batch(
+        self,
+        run: str,
+        prompts: list[Prompt],
+        sampling: SamplingSettings,
+        handover: Handover,
+        truncation: Truncation | None = None,
+        *,
+        still_held: Callable[[], bool] = _always,
+    ) -> BatchJob:
+        """Start generating a batch on the engine's loop; see `BatchJob`. Each result is handed over as
+        soon as it exists. Prompts left unanswered (server unreachable, worker suspended or stopping,
+        lease lost) are listed in the outcome's `unreachable`, for the batch to be handed back."""
+        job = _Job(run, sampling, handover, truncation or Truncation(), BatchOutcome(), still_held)
+        job.unsent = len(prompts)
+        if not prompts:
+            job.sent.set()
+        done = asyncio.run_coroutine_threadsafe(self._all(job, prompts), self._loop)
+        done.add_done_callback(lambda _: job.sent.set())  # settled, sent or not
+        return BatchJob(job.sent, done)
+
+    async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
+        if prompts:  # one read a batch: which of its prompts failed before, here or elsewhere
+            known = await asyncio.to_thread(job.handover.strikes_of, [p.id for p in prompts])
+            job.alone = {
+                pid for pid, strikes in known.items() if self._poison.judge(strikes) is not Verdict.AS_USUAL
+            }
+        await asyncio.gather(*(self._one(job, p) for p in prompts))
+        return job.outcome
+
+    async def _one(self, job: _Job, prompt: Prompt) -> None:
+        try:
+            await self._generate(job, prompt)
+        finally:
+            job.mark_sent(prompt.id)
+
+    async def _generate(self, job: _Job, prompt: Prompt) -> None:
+        completion = await self._attempts(job, prompt, job.sampling, 0)
+        while completion is not None and completion.quality is Quality.TRUNCATED_IN_THINKING:
+            larger = await self._retry_budget(job, completion)
+            if larger is None:
+                break
+            retry = msgspec.structs.replace(completion.sampling, max_tokens=larger)
+            try:
+                retried = await self._attempts(job, prompt, retry, completion.budget_retries + 1)
+            except (InferenceRejected, InferenceUnavailable) as error:  # keep what we have
+                log.warning(
+                    "prompt %s: budget retry at max_tokens=%d refused or unanswered, keeping the "
+                    "completion of max_tokens=%d: %s",
+                    prompt.id,
+                    larger,
+                    completion.sampling.max_tokens,
+                    error,
+                )
+                break
+            completion = retried
+        if completion is None:
+            return
+        if (
+            completion.quality is Quality.TRUNCATED_IN_THINKING
+            and job.truncation.policy is TruncationPolicy.DROP
+        ):
+            await self._dead_letter(
+                job,
+                prompt,
+                REASON_TRUNCATED,
+                f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
+                attempts=completion.attempt,
+            )
+            return
+        await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+
+    async def _retry_budget(self, job: _Job, truncated: Completion) -> int | None:
+        """The budget to ask again with for a completion cut off in thinking; None: keep it as it is.
+
+        The server's context length is asked for only when the policy and the cap allow a retry."""
+        if job.truncation.next_budget(truncated.sampling.max_tokens) is None:
+            return None
+        return job.truncation.next_budget(
+            truncated.sampling.max_tokens,
+            prompt_tokens=truncated.usage.prompt_tokens,
+            context_length=await self._server_context_length(),
+        )
+
+    async def _server_context_length(self) -> int | None:
+        """The server's context length, asked once at first need and shared by every prompt waiting
+        for it; None when the client or the server does not say. A failed lookup is not kept: the
+        retry at hand goes by the cap alone and the next need asks again."""
+        if not isinstance(self._client, StatesContextLength):
+            return None
+        if self._context_length_lookup is None:
+            self._context_length_lookup = asyncio.ensure_future(self._client.context_length())
+        lookup = self._context_length_lookup
+        try:
+            return await asyncio.shield(lookup)
+        except InferenceUnavailable as error:
+            if self._context_length_lookup is lookup:
+                self._context_length_lookup = None
+            log.warning("the server's context length is unknown for now: %s", error)
+            return None
+
+    async def _attempts(
+        self, job: _Job, prompt: Prompt, sampling: SamplingSettings, budget_retries: int
+    ) -> Completion | None:
+        """One answer within the retry policy; None once the prompt is dead-lettered or left pending.
+
+        A budget retry (`budget_retries` > 0) is never dead-lettered nor left pending: its refusal or
+        failure is raised, and the caller keeps the completion it already had."""
+        outcome, run = job.outcome, job.run
+        last_error: InferenceUnavailable | None = None
+        for attempt in range(1, self._retry.max_attempts + 1):
+            rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
+            alone = prompt.id in job.alone
+            try:
+                result = await self._chat(job, prompt, sampling, rid, alone=alone)
+            except InferenceRejected as error:
+                if budget_retries:
+                    raise  # a refused budget retry: the caller keeps the completion it had
+                await self._dead_letter(job, prompt, REASON_REJECTED, str(error), attempts=attempt)
+                return None
+            except InferenceUnavailable as error:
+                last_error = error
+                if self._stop_reason(job) is not None:
+                    break
+                if error.cause in STRIKING_CAUSES and not budget_retries:
+                    strikes = await self._strike(job, prompt, error, alone=alone)
+                    verdict = self._poison.judge(strikes)
+                    if verdict is Verdict.DEAD:
+                        await self._dead_letter_poison(job, prompt, strikes)
+                        return None
+                    if verdict is Verdict.ALONE:
+                        job.alone.add(prompt.id)
+                log.warning(
+                    "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
+                )
+                if attempt < self._retry.max_attempts:
+                    await asyncio.sleep(
+                        backoff_delay_s(
+                            attempt, base_s=self._retry.backoff_base_s, cap_s=self._retry.backoff_cap_s
+                        )
+                    )
+                continue
+            self._served_since_down = True
+            return build_completion(prompt, result, sampling, self.origin, attempt, budget_retries)
+        assert last_error is not None
+        if budget_retries:
+            raise last_error  # a budget retry that got no answer: the caller keeps the completion it had
+        outcome.last_error = str(last_error)
+        if last_error.server_unreachable or self._stop_reason(job) is not None:
+            outcome.unreachable.append(prompt.id)
+            return None
+        await self._dead_letter(
+            job, prompt, REASON_EXHAUSTED, str(last_error), attempts=self._retry.max_attempts
+        )
+        return None
+
+    async def _strike(
+        self, job: _Job, prompt: Prompt, error: InferenceUnavailable, *, alone: bool
+    ) -> list[Strike]:
+        """Keep this failure of the prompt with its others (across workers), judged on its own or with
+        the server: cut for its own silence, sent alone, or the server still answering, it is the
+        prompt's; else the server went down, and this server's life ends."""
+        on_its_own = alone or error.cause is FailureCause.SILENT
+        if not on_its_own:
+            why = f"prompt {prompt.id}: {error}"
+            on_its_own = await self._silence.server_generates(job.sampling, why=why)
+        strike = Strike(
+            life=f"{gpu_label(self.origin)}#{self._server_identity}.{self._server_life}",
+            cause=error.cause.value,
+            on_its_own=on_its_own,
+            alone=alone,
+        )
+        if not on_its_own and self._served_since_down:
+            self._server_life += 1
+            self._served_since_down = False
+        return await asyncio.to_thread(job.handover.strike, prompt.id, strike)
+
+    async def _dead_letter_poison(self, job: _Job, prompt: Prompt, strikes: list[Strike]) -> None:
+        error = describe(strikes)
+        log.error("prompt %s is dead-lettered as a poison prompt: %s", prompt.id, error)
+        await self._dead_letter(job, prompt, REASON_POISON, error, attempts=len(strikes))
+
+    async def _dead_letter(
+        self, job: _Job, prompt: Prompt, reason: str, error: str, *, attempts: int
+    ) -> None:
+        """The prompt will get no completion: its dead letter goes to the upload path with the reason."""
+        letter = DeadLetter(
+            prompt_id=prompt.id,
+            row=prompt.row,
+            file=prompt.file,
+            reason=reason,
+            error=error,
+            attempts=attempts,
+        )
+        await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
+
+    async def _chat(
+        self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str, *, alone: bool = False
+    ) -> ChatResult:
+        async with self._slot(alone=alone):
+            stop_reason = self._stop_reason(job)
+            if stop_reason is not None:
+                raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
+            job.mark_sent(prompt.id)
+            task = asyncio.ensure_future(
+                self._silence.guard(
+                    rid,
+                    sampling,
+                    lambda on_progress: self._client.chat(prompt.messages, sampling, rid, on_progress),
+                )
+            )
+            self._in_flight.add(task)
+            self._idle.clear()
+            try:
+                return await task
+            except asyncio.CancelledError:
+                if self._suspended_because is None or not task.cancelled():
+                    raise
+                raise InferenceUnavailable(
+                    f"abandoned: {self._suspended_because}", cause=FailureCause.ABANDONED
+                ) from None
+            finally:
+                self._in_flight.discard(task)
+                if not self._in_flight:
+                    self._idle.set()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, *, alone: bool) -> AsyncIterator[None]:
+        """One of the window's slots; or, for a suspect, the whole server: it waits for every request
+        in flight to end, and nothing else is sent until it ends, so that its failure tells."""
+        if not alone:
+            while True:
+                await self._nobody_alone.wait()
+                await self._window.acquire()
+                if self._nobody_alone.is_set():
+                    break
+                self._window.release()  # a suspect came first: let it have the server
+            try:
+                yield
+            finally:
+                self._window.release()
+            return
+        async with self._alone_lock:
+            self._nobody_alone.clear()
+            try:
+                await self._idle.wait()
+                yield
+            finally:
+                self._nobody_alone.set()
+
+    @staticmethod
+    async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:
+        if not await asyncio.to_thread(write, record):
+            outcome.already_handled += 1
+        elif dead:
+            outcome.dead_lettered += 1
+        else:
+            outcome.staged += 1
+
+    def close(self) -> None:
+        self._call(self._silence.close())
+        self._call(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()

@@ -1,0 +1,137 @@
+"""A generate worker's heartbeat: its GPU's live figures in Redis, for `status` and the metrics exporter.
+
+Every `HEARTBEAT_INTERVAL_S` a small thread writes `draftgen:workers:<host>/gpu<N>` (JSON, expiring
+after `HEARTBEAT_TTL_S`, so a dead worker's row disappears): requests in flight and the suspended
+flag from the worker's engine, the server's /health status and its speculative accept length.
+Token rates are not here: they come from the runs' completion event streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import redis
+
+from inference.records import Record
+from inference.server_probe import HEALTH_TIMEOUT_S, INFO_TIMEOUT_S, ServerProbe
+from workers.periodic import PeriodicThread
+from workers.state.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
+# One beat takes at most the interval plus every probe's timeout, which stays well inside the TTL.
+assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_TTL_S
+
+SCAN_COUNT = 1000
+
+
+class WorkerHeartbeat(Record, frozen=True):
+    """What one generate worker says about its GPU."""
+
+    worker: str  # the GPU label, `host/gpuN` (the `gpu` field of the runs' event streams)
+    host: str
+    gpu: int | None
+    server_url: str
+    in_flight: int  # requests at the server right now
+    max_in_flight: int
+    suspended: bool  # the engine stopped sending (server hung or down)
+    server_health: int | None  # HTTP status of GET /health; None when it did not answer in time
+    spec_accept_length: float | None  # tokens per verify step; None when the server does not say
+    updated_at: float  # unix seconds, the worker's clock
+    interval_s: float = HEARTBEAT_INTERVAL_S
+
+
+def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:
+    return msgspec.json.encode(beat)
+
+
+def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
+    """The heartbeat, or None for a value that is not one (an older or foreign writer)."""
+    try:
+        return msgspec.json.decode(raw, type=WorkerHeartbeat)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    in_flight: int
+    suspended: bool
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    worker: str  # the GPU label, `host/gpuN`
+    host: str
+    gpu: int | None
+    server_url: str
+    max_in_flight: int
+
+
+class HeartbeatPublisher:
+    """Writes one worker's heartbeat now and then every interval, on a daemon thread, until stopped."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        identity: WorkerIdentity,
+        probe: ServerProbe,
+        engine_figures: Callable[[], EngineFigures],
+        *,
+        interval_s: float = HEARTBEAT_INTERVAL_S,
+        ttl_s: int = HEARTBEAT_TTL_S,
+    ) -> None:
+        self._client = client
+        self._identity = identity
+        self._key = worker_heartbeat_key(identity.worker)
+        self._probe = probe
+        self._engine_figures = engine_figures
+        self._interval_s = interval_s
+        self._ttl_s = ttl_s
+        self._beater = PeriodicThread("draftgen-heartbeat", interval_s, self.beat, first_at_once=True)
+
+    def beat(self) -> WorkerHeartbeat:
+        """Take the figures and write them once."""
+        figures = self._engine_figures()
+        identity = self._identity
+        beat = WorkerHeartbeat(
+            worker=identity.worker,
+            host=identity.host,
+            gpu=identity.gpu,
+            server_url=identity.server_url,
+            in_flight=figures.in_flight,
+            max_in_flight=identity.max_in_flight,
+            suspended=figures.suspended,
+            server_health=self._probe.health(),
+            spec_accept_length=self._probe.accept_length(),
+            updated_at=time.time(),
+            interval_s=self._interval_s,
+        )
+        self._client.set(self._key, encode_heartbeat(beat), ex=self._ttl_s)
+        return beat
+
+    def start(self) -> None:
+        self._beater.start()
+
+    def stop(self, *, timeout_s: float = HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S) -> None:
+        """Stop beating and remove the heartbeat: a worker that shuts down cleanly leaves no stale row."""
+        self._beater.stop(timeout_s=timeout_s)
+        try:
+            self._client.delete(self._key)
+        except redis.RedisError:
+            log.warning("could not remove heartbeat %s; it expires in %d s", self._key, self._ttl_s)
+
+
+def read_heartbeats(client: redis.Redis) -> list[WorkerHeartbeat]:
+    """Every live worker's heartbeat (expired ones are gone), sorted by worker label."""
+    keys = sorted(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=SCAN_COUNT))
+    if not keys:
+        return []
+    beats = (decode_heartbeat(raw) for raw in client.mget(keys) if raw is not None)
+    return sorted((beat for beat in beats if beat is not None), key=lambda beat: beat.worker)

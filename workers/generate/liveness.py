@@ -1,0 +1,362 @@
+"""Liveness of the SGLang server beside a generate worker, judged by token progress (docs/liveness.md).
+
+`/health` is no proof of life: a hung scheduler can keep answering it. The server is hung when it
+has requests (its running or queued gauges, or this worker's own requests in flight) and none of its
+progress counters has moved for the stall window. It is down when `/metrics` does not answer at all.
+
+`LivenessJudge` is the judgement as pure logic, fed timestamped snapshots. `LivenessWatcher` is the
+thread that feeds it, one per generate-worker process; on a hang or an outage it stops the worker
+taking batches, abandons the requests in flight (their batches go back to the queue at once), runs
+the configured restart command, waits until the server generates and shows progress again, and
+resumes.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import shlex
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
+from inference.metrics_reader import MetricsSnapshot
+from inference.readiness import DEFAULT_READY_TIMEOUT_S, ReadinessTarget, wait_until_ready
+from inference.server_probe import ServerProbe
+from workers.errors import ShuttingDown
+
+log = logging.getLogger(__name__)
+
+DOWN_AFTER_UNANSWERED_POLLS = 3
+"""One unanswered scrape is noise; three in a row (15 s at the default poll) is a server that is gone."""
+RESTART_COMMAND_TIMEOUT_S = 300.0
+"""`systemctl restart` of a Type=simple unit returns in seconds; this bounds a command that hangs."""
+RESTART_OUTPUT_LOG_CHARS = 4000
+PROGRESS_AFTER_READY_TIMEOUT_S = 60.0
+"""The readiness completion itself finishes a request, so the counters move within a scrape or two."""
+WATCHER_STOP_TIMEOUT_S = 10.0
+
+
+class LivenessConfig(Protocol):
+    """What the watch reads of the worker's settings (`WorkerSettings` has it all)."""
+
+    @property
+    def server_url(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    @property
+    def liveness_poll_s(self) -> float: ...
+    @property
+    def liveness_stall_s(self) -> float: ...
+    @property
+    def liveness_completion_stall_s(self) -> float: ...
+    @property
+    def server_restart_command(self) -> str | None: ...
+
+
+class Liveness(enum.Enum):
+    LIVE = "live"
+    HUNG = "hung"
+    DOWN = "down"
+
+
+@dataclass(frozen=True)
+class LivenessVerdict:
+    state: Liveness
+    reason: str
+
+
+class LivenessJudge:
+    """Says whether the server is live, hung or down, from snapshots fed with the time they were taken.
+
+    Hung: busy (requests running or queued at the server, or in flight from this worker) and no
+    progress counter moved for the stall window: `stall_s` when the server has a per-step counter,
+    else the longer `completion_stall_s` (completion counters stay flat while long requests run).
+    Idle time never counts towards a stall. Down: `down_after` unanswered scrapes in a row.
+    """
+
+    def __init__(
+        self, *, stall_s: float, completion_stall_s: float, down_after: int = DOWN_AFTER_UNANSWERED_POLLS
+    ) -> None:
+        self.stall_s = stall_s
+        self.completion_stall_s = max(stall_s, completion_stall_s)
+        self.down_after = down_after
+        self._last: MetricsSnapshot | None = None
+        self._quiet_since: float | None = None
+        self._unanswered = 0
+
+    def reset(self) -> None:
+        """Forget the history: the next snapshot is a fresh baseline (after a recovery)."""
+        self._last = None
+        self._quiet_since = None
+        self._unanswered = 0
+
+    def window_s(self, snapshot: MetricsSnapshot) -> float:
+        return self.stall_s if snapshot.has_step_counter else self.completion_stall_s
+
+    def observe(self, now: float, snapshot: MetricsSnapshot | None, in_flight: int) -> LivenessVerdict:
+        """Take one scrape (None: `/metrics` did not answer) at monotonic time `now`."""
+        if snapshot is None:
+            self._unanswered += 1
+            if self._unanswered >= self.down_after:
+                return LivenessVerdict(
+                    Liveness.DOWN, f"/metrics unanswered {self._unanswered} times in a row"
+                )
+        else:
+            self._unanswered = 0
+            moved = self._last is None or snapshot.progress != self._last.progress
+            self._last = snapshot
+            if moved or not (snapshot.busy or in_flight > 0):
+                self._quiet_since = now
+        return self._stall_verdict(now, in_flight)
+
+    def _stall_verdict(self, now: float, in_flight: int) -> LivenessVerdict:
+        last, quiet_since = self._last, self._quiet_since
+        if last is None or quiet_since is None:
+            return LivenessVerdict(Liveness.LIVE, "no answered scrape yet")
+        quiet_s = now - quiet_since
+        window_s = self.window_s(last)
+        load = (
+            f"{last.running_requests} running and {last.queued_requests} queued at the server, "
+            f"{in_flight} in flight from this worker"
+        )
+        if (last.busy or in_flight > 0) and quiet_s >= window_s:
+            counters = "per-step token counter" if last.has_step_counter else "completion counters"
+            return LivenessVerdict(
+                Liveness.HUNG,
+                f"{load}, and no progress of its {counters} for {quiet_s:.0f} s (window {window_s:.0f} s)",
+            )
+        return LivenessVerdict(Liveness.LIVE, f"{load}; last progress {quiet_s:.0f} s ago")
+
+
+class QueueSwitch(Protocol):
+    """Stops and restarts this worker taking batches from its queue (a Celery consumer, in production)."""
+
+    def stop_taking(self) -> None: ...
+    def resume_taking(self) -> None: ...
+
+
+class Suspendable(Protocol):
+    """What the watcher needs of `workers.generate.generation.GenerationEngine`."""
+
+    @property
+    def in_flight(self) -> int: ...
+    def suspend(self, reason: str) -> None: ...
+    def resume(self) -> None: ...
+
+
+class ReadyWaiter(Protocol):
+    """`inference.readiness.wait_until_ready`: returns once the server generates, else raises."""
+
+    def __call__(
+        self,
+        target: ReadinessTarget,
+        *,
+        timeout_s: float,
+        check: Callable[[], None],
+        sleep: Callable[[float], object],
+    ) -> object: ...
+
+
+def masked_command(command: str) -> str:
+    """The program alone: its arguments may carry a token (a webhook's URL, a bearer header)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return "(an unparsable command)"
+    if not words:
+        return "(an empty command)"
+    return words[0] + (f" … ({len(words) - 1} arguments not shown)" if len(words) > 1 else "")
+
+
+def run_restart_command(command: str, timeout_s: float = RESTART_COMMAND_TIMEOUT_S) -> None:
+    """Run the restart command (no shell: split with shlex), logging its exit status and output."""
+    shown = masked_command(command)
+    log.warning("LIVENESS: restarting the server: %s", shown)
+    try:
+        done = subprocess.run(
+            shlex.split(command), capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        log.error("LIVENESS: the restart command did not finish within %.0f s: %s", timeout_s, shown)
+        return
+    except (OSError, ValueError) as error:
+        log.error("LIVENESS: the restart command could not run: %s: %s", shown, error)
+        return
+    output = (done.stdout + done.stderr).strip()[-RESTART_OUTPUT_LOG_CHARS:] or "(no output)"
+    level = logging.WARNING if done.returncode == 0 else logging.ERROR
+    log.log(level, "LIVENESS: the restart command exited with %d; its output:\n%s", done.returncode, output)
+
+
+class LivenessWatcher:
+    """Polls the server's `/metrics` every `liveness_poll_s` on a daemon thread and acts on a hang."""
+
+    def __init__(
+        self,
+        engine: Suspendable,
+        switch: QueueSwitch,
+        settings: LivenessConfig,
+        *,
+        read_metrics: Callable[[], MetricsSnapshot] | None = None,
+        wait_ready: ReadyWaiter = wait_until_ready,
+        run_command: Callable[[str], None] = run_restart_command,
+        clock: Callable[[], float] = time.monotonic,
+        ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+    ) -> None:
+        self._engine = engine
+        self._switch = switch
+        self._url = settings.server_url
+        self._target = ReadinessTarget(url=settings.server_url, api_key=settings.api_key)
+        self._poll_s = settings.liveness_poll_s
+        self._restart_command = settings.server_restart_command
+        self._judge = LivenessJudge(
+            stall_s=settings.liveness_stall_s, completion_stall_s=settings.liveness_completion_stall_s
+        )
+        self._read_metrics = read_metrics or ServerProbe(settings.server_url, settings.api_key).metrics
+        self._wait_ready = wait_ready
+        self._run_command = run_command
+        self._clock = clock
+        self._ready_timeout_s = ready_timeout_s
+        self._stop = threading.Event()
+        self._metrics_refused = False
+        self._unanswered = False
+        self._thread = threading.Thread(target=self._run, name="liveness-watcher", daemon=True)
+
+    def start(self) -> LivenessWatcher:
+        judge = self._judge
+        log.info(
+            "liveness: watching %s/metrics every %.1f s; hung after %.0f s without progress "
+            "(%.0f s when it has only completion counters); restart command: %s",
+            self._url,
+            self._poll_s,
+            judge.stall_s,
+            judge.completion_stall_s,
+            masked_command(self._restart_command) if self._restart_command else "none",
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = WATCHER_STOP_TIMEOUT_S) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            try:
+                verdict = self.poll_once()
+                if verdict is not None and verdict.state is not Liveness.LIVE:
+                    self.recover(verdict)
+            except ShuttingDown:
+                return
+            except Exception:
+                log.exception("liveness: the watcher's poll failed unexpectedly; polling on")
+
+    def poll_once(self) -> LivenessVerdict | None:
+        """Scrape once and return the judge's verdict; None when `/metrics` is refused (not enabled)."""
+        snapshot: MetricsSnapshot | None
+        try:
+            snapshot = self._read_metrics()
+        except InferenceRejected as error:
+            if not self._metrics_refused:
+                log.error(
+                    "LIVENESS: cannot judge %s, its metrics are refused (%s): start the server with "
+                    "--enable-metrics, or set DRAFTGEN_LIVENESS_ENABLED=0",
+                    self._url,
+                    error,
+                )
+            self._metrics_refused = True
+            return None
+        except InferenceUnavailable as error:
+            if not self._unanswered:  # the first of a streak; the judge says DOWN if it lasts
+                log.info("liveness: %s", error)
+            self._unanswered = True
+            snapshot = None
+        else:
+            self._unanswered = False
+        self._metrics_refused = False
+        return self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
+
+    def recover(self, verdict: LivenessVerdict) -> None:
+        """Stop taking batches, hand back the work in flight, get the server generating, resume."""
+        reason = f"server {self._url} is {verdict.state.value}: {verdict.reason}"
+        log.error(
+            "LIVENESS: %s. This worker stops taking batches and requeues its %d requests in flight.",
+            reason,
+            self._engine.in_flight,
+        )
+        self._switch.stop_taking()
+        self._engine.suspend(reason)
+        started = self._clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            # A down server is usually restarting or loading weights under its service manager: a
+            # restart would only start the load over. Restart it only once it has had a full
+            # readiness timeout to come back by itself.
+            if verdict.state is Liveness.HUNG or attempt > 1:
+                self._restart()
+            if self._generating_again():
+                break
+            log.error(
+                "LIVENESS: server %s still does not generate after %.0f s (attempt %d)",
+                self._url,
+                self._clock() - started,
+                attempt,
+            )
+        self._judge.reset()
+        self._engine.resume()
+        self._switch.resume_taking()
+        log.warning(
+            "LIVENESS: server %s generates again after %.0f s; this worker takes batches again",
+            self._url,
+            self._clock() - started,
+        )
+
+    def _restart(self) -> None:
+        if self._restart_command is None:
+            log.warning(
+                "LIVENESS: no DRAFTGEN_SERVER_RESTART_COMMAND: waiting for %s to recover by itself", self._url
+            )
+            return
+        self._run_command(self._restart_command)
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise ShuttingDown("the liveness watcher is stopping")
+
+    def _scrape(self) -> MetricsSnapshot | None:
+        try:
+            return self._read_metrics()
+        except (InferenceUnavailable, InferenceRejected):
+            return None
+
+    def _generating_again(self) -> bool:
+        """The server answers a real completion, and its progress counters moved since before it did."""
+        baseline = self._scrape()
+        try:
+            self._wait_ready(
+                self._target, timeout_s=self._ready_timeout_s, check=self._check_stop, sleep=self._stop.wait
+            )
+        except ServerNotReady as error:
+            log.error("LIVENESS: %s", error)
+            return False
+        deadline = self._clock() + PROGRESS_AFTER_READY_TIMEOUT_S
+        while True:
+            snapshot = self._scrape()
+            if snapshot is not None and (baseline is None or snapshot.progress != baseline.progress):
+                return True
+            if self._clock() >= deadline:
+                log.error(
+                    "LIVENESS: server %s answered a completion but its progress counters did not move "
+                    "within %.0f s",
+                    self._url,
+                    PROGRESS_AFTER_READY_TIMEOUT_S,
+                )
+                return False
+            if self._stop.wait(self._poll_s):
+                raise ShuttingDown("the liveness watcher is stopping")

@@ -1,0 +1,46 @@
+"""Pausing and resuming a run. A paused run keeps its queue; workers hand its batches back untouched."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import redis
+
+from inference.records import Record
+from workers.state.keys import RunKeys
+
+PAUSED_RETRY_S = 30.0  # a worker handed a paused run's batch sends it back to the queue this late
+PAUSED_BY_USER = "user"
+PAUSED_BY_GATE = "quality-gate"
+PAUSED_BY_OUTPUT_PIN = "output-pin"  # the uploader: run.json at the output does not confirm it
+
+
+class PauseState(Record, frozen=True):
+    reason: str
+    by: str
+    at: float  # unix seconds
+
+
+def pause(client: redis.Redis, run: str, reason: str, *, by: str = PAUSED_BY_USER) -> bool:
+    """Pause the run; False when it was already paused (the first reason stays)."""
+    state = PauseState(reason=reason, by=by, at=time.time())
+    return bool(client.set(RunKeys(run).paused, msgspec.json.encode(state), nx=True))
+
+
+def pause_state(client: redis.Redis, run: str) -> PauseState | None:
+    raw = client.get(RunKeys(run).paused)
+    return msgspec.json.decode(raw, type=PauseState) if raw is not None else None
+
+
+def resume(client: redis.Redis, run: str) -> PauseState | None:
+    """Lift the pause; the quality gate then judges only completions that come after this moment."""
+    keys = RunKeys(run)
+    state = pause_state(client, run)
+    stats = client.hgetall(keys.stats)
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.paused, keys.gate_baseline)
+        if stats:
+            pipe.hset(keys.gate_baseline, mapping=stats)
+        pipe.execute()
+    return state

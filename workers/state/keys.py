@@ -1,0 +1,226 @@
+"""Every Redis key draftgen uses, in one place. All of a run's keys share the prefix `draftgen:<run>:`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from workers.errors import InvalidRunName
+
+KEY_PREFIX = "draftgen"
+RUNS_KEY = f"{KEY_PREFIX}:runs"  # set of run names
+WORKERS_KEY_PREFIX = f"{KEY_PREFIX}:workers:"  # + "<host>/gpu<N>": a generate worker's heartbeat (JSON, TTL)
+SERVERS_KEY = (
+    f"{KEY_PREFIX}:servers"  # hash: facts id -> a server's facts (JSON), see inference/server_facts.py
+)
+SEATS_KEY_PREFIX = f"{KEY_PREFIX}:seats:"  # + GPU label: the token of the process seated there (seat.py)
+EXIT_NOTES_KEY_PREFIX = (
+    f"{KEY_PREFIX}:exits:"  # + GPU label: why its worker ended itself to be restarted (TTL)
+)
+SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
+RUN_NAME_MAX_CHARS = 128
+# Buckets of a run's fingerprints (RunKeys.fingerprints). Up to ~6M explicit ids, each bucket holds
+# fewer than Redis's default hash-max-listpack-entries (128) and stays a compact listpack. Measured
+# (benchmarks/bench_enqueue.py, short prompts): 1M ids cost 191 bytes a prompt in Redis, against 232
+# with one big hash and ~139 with no fingerprints; 100k ids cost 234 against 222 with one hash.
+FINGERPRINT_BUCKETS = 1 << 16
+RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX_CHARS - 1}}}")
+
+
+RESERVED_RUN_NAMES = frozenset({"runs", "workers", "servers", "seats", "seat"})  # key prefixes of their own
+
+
+def check_run_name(run: str) -> str:
+    if run in RESERVED_RUN_NAMES:
+        raise InvalidRunName(f"run name {run!r} is reserved; choose another")
+    if len(run) > RUN_NAME_MAX_CHARS:
+        raise InvalidRunName(
+            f"run name {run[:40]!r}… is {len(run)} characters long; at most {RUN_NAME_MAX_CHARS}"
+        )
+    if not RUN_NAME_PATTERN.fullmatch(run):
+        raise InvalidRunName(
+            f"run name {run!r} must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
+        )
+    return run
+
+
+def worker_heartbeat_key(worker: str) -> str:
+    """A generate worker's heartbeat, `worker` being its GPU label (`host/gpuN`, see ledger.gpu_label)."""
+    return WORKERS_KEY_PREFIX + worker
+
+
+def worker_exit_note_key(worker: str) -> str:
+    """Why the generate worker of GPU label `worker` ended itself to be restarted (see consumer_watch.py)."""
+    return EXIT_NOTES_KEY_PREFIX + worker
+
+
+EXIT_NOTES_PATTERN = EXIT_NOTES_KEY_PREFIX + "*/*"  # labels hold a "/", as for heartbeats
+
+
+def seat_key(label: str) -> str:
+    """Which process holds a GPU label's seat: its token."""
+    return SEATS_KEY_PREFIX + label
+
+
+def seat_channel_prefix(label: str) -> str:
+    return f"{SEAT_CHANNEL_PREFIX}{label}:"
+
+
+def seat_channel(label: str, token: str) -> str:
+    """The channel a seat's holder stays subscribed to: subscribers there mean the holder lives."""
+    return seat_channel_prefix(label) + token
+
+
+# Every heartbeat key: labels always hold a '/', which no key of a run named "workers" would after the prefix.
+WORKER_HEARTBEAT_PATTERN = WORKERS_KEY_PREFIX + "*/*"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    run: str
+
+    def _key(self, name: str) -> str:
+        return f"{KEY_PREFIX}:{self.run}:{name}"
+
+    @property
+    def settings(self) -> str:
+        """The run's pinned generation settings (JSON)."""
+        return self._key("settings")
+
+    @property
+    def enqueued(self) -> str:
+        """Set of every prompt id ever accepted into the run."""
+        return self._key("enqueued")
+
+    def batch(self, batch_id: str) -> str:
+        """A batch's prompts (compressed), written before its message is published."""
+        return f"{self.batches_prefix}{batch_id}"
+
+    @property
+    def batches_prefix(self) -> str:
+        """What every batch key of the run starts with (to SCAN for them)."""
+        return self._key("batch:")
+
+    @property
+    def open_batches(self) -> str:
+        """Sorted set of stored, unfinished batch ids by when the reconciler may next judge them
+        (Redis clock, seconds): dispatch time, or the end of a retry's countdown."""
+        return self._key("open_batches")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set batch id -> lease expiry (Redis clock, seconds) of batches being generated."""
+        return self._key("leases")
+
+    @property
+    def lease_owners(self) -> str:
+        """Hash batch id -> lease holder (JSON: owner token, worker label)."""
+        return self._key("lease_owners")
+
+    @property
+    def batch_failures(self) -> str:
+        """Hash batch id -> unexpected failures so far (a poison batch is dead-lettered, not looped)."""
+        return self._key("batch_failures")
+
+    @property
+    def unpublished(self) -> str:
+        """Set of batch ids stored but not yet confirmed published (the outbox)."""
+        return self._key("unpublished")
+
+    @property
+    def rejected(self) -> str:
+        """Hash "source|file|row" -> rejected row (JSON: row, reason): rows refused at enqueue."""
+        return self._key("rejected")
+
+    @property
+    def staged(self) -> str:
+        """Hash prompt id -> completion (compressed) handed over by a generate worker, not yet committed."""
+        return self._key("staged")
+
+    @property
+    def staged_index(self) -> str:
+        """Sorted set of staged prompt ids by hand-over time (Redis clock), oldest first."""
+        return self._key("staged_index")
+
+    @property
+    def staged_bytes(self) -> str:
+        return self._key("staged_bytes")
+
+    @property
+    def stats(self) -> str:
+        """Hash of running totals: completions, completion/reasoning/prompt_tokens, quality:<label>,
+        finish:<reason> over staged completions; dead:<reason> over dead letters; first_completion_at."""
+        return self._key("stats")
+
+    @property
+    def events(self) -> str:
+        """Stream of recent completions (fields: tokens, gpu); its ids are Redis-clock milliseconds."""
+        return self._key("events")
+
+    @property
+    def done(self) -> str:
+        """Set of committed prompt ids: listed in the manifest."""
+        return self._key("done")
+
+    @property
+    def dead(self) -> str:
+        """Hash prompt id -> dead letter (JSON): prompts that will not get a completion, with the reason."""
+        return self._key("dead")
+
+    @property
+    def strikes(self) -> str:
+        """Hash prompt id -> its failed requests (JSON list of state.poison.Strike): poison prompts."""
+        return self._key("strikes")
+
+    @property
+    def dead_pending(self) -> str:
+        """Sorted set of dead-lettered prompt ids not yet committed to the object store, by time."""
+        return self._key("dead_pending")
+
+    @property
+    def manifest(self) -> str:
+        """List of manifest entries (JSON), the Redis copy of the manifest in the object store."""
+        return self._key("manifest")
+
+    @property
+    def next_part(self) -> str:
+        return self._key("next_part")
+
+    @property
+    def upload_lock(self) -> str:
+        return self._key("upload_lock")
+
+    @property
+    def paused(self) -> str:
+        """Present while the run is paused: JSON {reason, by, at}. Workers take no batch of it meanwhile."""
+        return self._key("paused")
+
+    @property
+    def gate_baseline(self) -> str:
+        """Copy of `stats` taken at the last resume: the quality gate judges only what came after."""
+        return self._key("gate_baseline")
+
+    @property
+    def enqueue_lock(self) -> str:
+        """Held by the one `enqueue` of the run at work (a lease, renewed per chunk)."""
+        return self._key("enqueue_lock")
+
+    def fingerprints(self, bucket: int) -> str:
+        """One of FINGERPRINT_BUCKETS hashes prompt id -> "content digest|enqueue number|row", for prompts
+        with their own (explicit) id: tells a re-used id with other content (a conflict) from a duplicate.
+        Hashed ids need none. Small hashes stay listpacks: about a third of one big hash's memory."""
+        return f"{self.fingerprints_prefix}{bucket}"
+
+    @property
+    def fingerprints_prefix(self) -> str:
+        """What every fingerprint hash of the run starts with (to SCAN for them)."""
+        return self._key("fingerprints:")
+
+    @property
+    def enqueues(self) -> str:
+        """List of notes (JSON: source, at), one per `enqueue` of the run; enqueue N is item N-1."""
+        return self._key("enqueues")
+
+    def enqueue_session(self, session_id: str) -> str:
+        """Ids added by one enqueue invocation: tells duplicates in the input from ids already there."""
+        return self._key(f"enqueue_session:{session_id}")

@@ -1,0 +1,184 @@
+"""A run's state in Redis, changed only through atomic steps.
+
+A prompt moves enqueued -> staged (handed over by a generate worker) -> done (in a committed
+object), or enqueued -> dead. Each step is one of workers.state.protocol's scripts, so no crash can leave a
+prompt half-moved, and each is idempotent, so a redelivered message can replay it harmlessly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+import redis
+
+from inference.records import Completion, DeadLetter, Origin, Prompt
+from workers.state.codec import encode_blob
+from workers.state.keys import RunKeys
+from workers.state.poison import STRIKES_KEPT, Strike
+from workers.state.protocol import Scripts
+from workers.state.stats_fields import (
+    COMPLETION_TOKENS,
+    COMPLETIONS,
+    FIRST_COMPLETION_AT,
+    PROMPT_TOKENS,
+    REASONING_TOKENS,
+    TOKEN_IDS_MISSING,
+    dead_field,
+    finish_field,
+    quality_field,
+)
+
+EVENTS_KEPT = 200_000  # completion events kept per run for recent rates (about an hour at 50/s)
+
+
+def gpu_label(origin: Origin) -> str:
+    """`host/gpuN`, or `host/url` for a worker configured by URL: one status row per GPU."""
+    return (
+        f"{origin.host}/gpu{origin.gpu}" if origin.gpu is not None else f"{origin.host}/{origin.server_url}"
+    )
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    enqueued: int
+    staged: int
+    done: int
+    dead: int
+    dead_pending: int = 0  # dead letters not yet committed to the object store
+
+    @property
+    def remaining(self) -> int:
+        """Prompts that still need a completion: neither staged, committed nor dead-lettered."""
+        return self.enqueued - self.staged - self.done - self.dead
+
+
+class RunLedger:
+    def __init__(self, client: redis.Redis, run: str) -> None:
+        self.client = client
+        self.keys = RunKeys(run)
+        self._scripts = Scripts.register(client)
+
+    def pending(self, prompts: Sequence[Prompt]) -> list[Prompt]:
+        """The prompts of a batch that still need generating (a redelivered batch skips the rest)."""
+        if not prompts:
+            return []
+        ids = [p.id for p in prompts]
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.smismember(self.keys.done, ids)
+            pipe.hmget(self.keys.staged, ids)
+            pipe.hmget(self.keys.dead, ids)
+            done, staged, dead = pipe.execute()
+        return [
+            prompt
+            for prompt, is_done, staged_blob, dead_blob in zip(prompts, done, staged, dead, strict=True)
+            if not is_done and staged_blob is None and dead_blob is None
+        ]
+
+    def stage(self, completion: Completion) -> bool:
+        """Hand a completion to the upload path and count it; False when the prompt already had one."""
+        keys = [
+            self.keys.done,
+            self.keys.dead,
+            self.keys.staged,
+            self.keys.staged_index,
+            self.keys.staged_bytes,
+            self.keys.stats,
+            self.keys.events,
+        ]
+        usage = completion.usage
+        args = [
+            completion.prompt_id,
+            encode_blob(completion),
+            quality_field(completion.quality.value),
+            finish_field(completion.finish_reason),
+            usage.completion_tokens,
+            usage.reasoning_tokens,
+            usage.prompt_tokens,
+            gpu_label(completion.origin),
+            EVENTS_KEPT,
+            COMPLETIONS,
+            COMPLETION_TOKENS,
+            REASONING_TOKENS,
+            PROMPT_TOKENS,
+            FIRST_COMPLETION_AT,
+            TOKEN_IDS_MISSING if completion.response_token_ids is None else "",
+        ]
+        return bool(self._scripts.stage(keys=keys, args=args))
+
+    def dead_letter(self, letter: DeadLetter) -> bool:
+        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats, self.keys.dead_pending]
+        args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
+        return bool(self._scripts.dead_letter(keys=keys, args=args))
+
+    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]:
+        """Keep one failed request of a prompt; returns every one kept of it, across workers."""
+        raw = self._scripts.strike(
+            keys=[self.keys.strikes], args=[prompt_id, msgspec.json.encode(strike), STRIKES_KEPT]
+        )
+        return msgspec.json.decode(raw, type=list[Strike])
+
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]:
+        """The failed requests kept of these prompts (those with none are left out)."""
+        if not prompt_ids:
+            return {}
+        raws = self.client.hmget(self.keys.strikes, list(prompt_ids))
+        return {
+            prompt_id: msgspec.json.decode(raw, type=list[Strike])
+            for prompt_id, raw in zip(prompt_ids, raws, strict=True)
+            if raw is not None
+        }
+
+    def commit(
+        self,
+        *,
+        lock_token: str,
+        part: int,
+        manifest_entry: bytes,
+        prompt_ids: Sequence[str],
+        dead_letters: Sequence[DeadLetter] = (),
+    ) -> int:
+        """Mark a committed part's prompts done and its dead letters dead and committed, in one atomic
+        step, whatever Redis remembered of them (a Redis that lost its last writes may have forgotten
+        the letters, or the prompt may have been generated again since)."""
+        keys = [
+            *self._committed_keys(),
+            self.keys.upload_lock,
+            self.keys.next_part,
+            self.keys.manifest,
+            self.keys.stats,
+        ]
+        args: list[str | bytes | int] = [lock_token, part, manifest_entry, len(prompt_ids), *prompt_ids]
+        for letter in dead_letters:
+            args += [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
+        return int(self._scripts.commit(keys=keys, args=args))
+
+    def mark_committed(self, prompt_ids: list[str]) -> int:
+        """Record prompts the object store shows committed (recovery); returns how many were not done."""
+        keys = [*self._committed_keys(), self.keys.enqueued]
+        return int(self._scripts.mark_committed(keys=keys, args=[msgspec.json.encode(prompt_ids)]))
+
+    def _committed_keys(self) -> list[str]:
+        """Where a committed prompt is marked and what it leaves (the scripts' shared KEYS[1..6])."""
+        return [
+            self.keys.done,
+            self.keys.staged,
+            self.keys.staged_index,
+            self.keys.staged_bytes,
+            self.keys.dead,
+            self.keys.dead_pending,
+        ]
+
+    def counts(self) -> RunCounts:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.scard(self.keys.enqueued)
+            pipe.zcard(self.keys.staged_index)
+            pipe.scard(self.keys.done)
+            pipe.hlen(self.keys.dead)
+            pipe.zcard(self.keys.dead_pending)
+            enqueued, staged, done, dead, dead_pending = pipe.execute()
+        return RunCounts(enqueued=enqueued, staged=staged, done=done, dead=dead, dead_pending=dead_pending)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        return [msgspec.json.decode(raw, type=DeadLetter) for raw in self.client.hvals(self.keys.dead)]

@@ -1,0 +1,431 @@
+"""The exactly-once protocol's atomic steps: every Lua script draftgen runs in Redis, in one place.
+
+docs/exactly-once.md tells the protocol as a story (enqueue -> lease -> stage -> commit, and
+reconcile/recover/gc/verify), with the keys each step touches and the test that proves each invariant.
+Every key a script touches arrives through KEYS (never built inside the script), so the scripts are
+cluster-safe; ids and records arrive through ARGV. The Python faces are `workers.state.ledger.RunLedger`
+(stage, dead-letter, commit, recover), `producer.enqueue.Enqueuer` (classify, claim),
+`workers.record.uploader.Uploader` (the flush lock), `workers.recovery.leases` and
+`workers.recovery.reconciler`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from redis.commands.core import Script
+
+# --------------------------------------------------------------------------- enqueue
+
+# KEYS: enqueued, this enqueue's session set, done, staged, dead. ARGV[1]: the chunk's ids as one JSON
+# array (a thousand separate arguments cost more than the rest of enqueue together); ARGV[2]: '1' when
+# ids the run holds but nothing carries (no batch is open: Redis was rebuilt by `recover`) are to be
+# batched again. Returns one letter per id: new, already there, duplicate in the input, or orphaned.
+NEW = "n"
+ALREADY_THERE = "a"
+DUPLICATE_IN_INPUT = "d"
+ORPHANED = "o"
+CLASSIFY = """
+local out = {}
+for i, id in ipairs(cjson.decode(ARGV[1])) do
+  if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
+  elseif redis.call('SISMEMBER', KEYS[1], id) == 0 then out[i] = 'n'
+  elseif ARGV[2] == '1' and redis.call('SISMEMBER', KEYS[3], id) == 0
+      and redis.call('HEXISTS', KEYS[4], id) == 0 and redis.call('HEXISTS', KEYS[5], id) == 0 then
+    out[i] = 'o'
+  else out[i] = 'a' end
+end
+return table.concat(out)
+"""
+
+# Shared prologue: Redis's own clock in seconds, to the microsecond (the hosts' clocks may disagree).
+_REDIS_CLOCK = """
+local function redis_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1e6
+end
+"""
+
+# The new ids join the run with the batches that carry them, their outbox entries and their place
+# among the run's open batches (scored by the Redis time they were dispatched). Only while this
+# enqueue still holds the run's enqueue lock (renewed here): an enqueue that stalled past its lock
+# may have been overtaken by another that claimed the same ids, so it claims nothing.
+# KEYS: enqueued, session, unpublished, open_batches, enqueue_lock, then one batch key per batch.
+# ARGV: ids (JSON), session TTL s, lock token, lock lease ms, then per batch: its blob and its id.
+# Returns 1, or the error LOCK_LOST.
+LOCK_LOST = "LOCK_LOST"
+CLAIM = (
+    _REDIS_CLOCK
+    + """
+if redis.call('GET', KEYS[5]) ~= ARGV[3] then return redis.error_reply('LOCK_LOST') end
+redis.call('PEXPIRE', KEYS[5], ARGV[4])
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  redis.call('SADD', KEYS[1], id)
+  redis.call('SADD', KEYS[2], id)
+end
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+local now = redis_now()
+for i = 5, #ARGV, 2 do
+  redis.call('SET', KEYS[6 + (i - 5) / 2], ARGV[i])
+  redis.call('SADD', KEYS[3], ARGV[i + 1])
+  redis.call('ZADD', KEYS[4], now, ARGV[i + 1])
+end
+return 1
+"""
+)
+
+# --------------------------------------------------------------------------- generate: hand-over
+
+# Stage one completion unless the prompt is already staged, done or dead. The hand-over time comes
+# from Redis's own clock, so the staged order is the order of hand-over across all hosts.
+# KEYS: done, dead, staged, staged_index, staged_bytes, stats, events.
+# ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
+# events kept, then the stats field names: completions, the three token totals, first completion, and
+# the missing-token-ids counter (empty when the completion has its ids).
+STAGE = (
+    _REDIS_CLOCK
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+local now = redis_now()
+redis.call('ZADD', KEYS[4], now, ARGV[1])
+redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
+redis.call('HINCRBY', KEYS[6], ARGV[10], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[3], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[4], 1)
+redis.call('HINCRBY', KEYS[6], ARGV[11], ARGV[5])
+redis.call('HINCRBY', KEYS[6], ARGV[12], ARGV[6])
+redis.call('HINCRBY', KEYS[6], ARGV[13], ARGV[7])
+redis.call('HSETNX', KEYS[6], ARGV[14], math.floor(now))
+if ARGV[15] ~= '' then redis.call('HINCRBY', KEYS[6], ARGV[15], 1) end
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[9], '*', 'tokens', ARGV[5], 'gpu', ARGV[8])
+return 1
+"""
+)
+
+# A dead letter is recorded once, and waits in dead_pending for the uploader to commit it.
+# KEYS: done, staged, dead, stats, dead_pending. ARGV: prompt id, letter (JSON), its stats field.
+DEAD_LETTER = (
+    _REDIS_CLOCK
+    + """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return 0
+end
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+redis.call('ZADD', KEYS[5], redis_now(), ARGV[1])
+return 1
+"""
+)
+
+# A prompt's failed request is kept with the others of that prompt, across workers (workers/state/poison.py).
+# KEYS: strikes. ARGV: prompt id, the strike (JSON), how many are kept. Returns the prompt's strikes
+# (a JSON list, oldest first).
+STRIKE = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local strikes = raw and cjson.decode(raw) or {}
+table.insert(strikes, cjson.decode(ARGV[2]))
+while #strikes > tonumber(ARGV[3]) do table.remove(strikes, 1) end
+local encoded = cjson.encode(strikes)
+redis.call('HSET', KEYS[1], ARGV[1], encoded)
+return encoded
+"""
+
+# --------------------------------------------------------------------------- upload: commit
+
+# What the manifest says of a prompt wins over what Redis remembers of it: a Redis that lost its last
+# writes may have forgotten a commit, and the prompt generated again since then may be staged or
+# dead-lettered. Shared by COMMIT and MARK_COMMITTED, whose KEYS[1..6] are always done, staged,
+# staged_index, staged_bytes, dead, dead_pending.
+_MARK_COMMITTED_HELPERS = """
+local function leave_upload_path(id)
+  local size = redis.call('HSTRLEN', KEYS[2], id)
+  if size > 0 then
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('DECRBY', KEYS[4], size)
+  end
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZREM', KEYS[6], id)
+end
+-- committed as a completion: done, and no dead letter of it remains
+local function mark_done(id)
+  leave_upload_path(id)
+  redis.call('HDEL', KEYS[5], id)
+  return redis.call('SADD', KEYS[1], id)
+end
+-- committed as a dead letter: dead (counted under `field` when Redis had forgotten it), nothing staged
+local function mark_dead(id, letter, stats, field)
+  leave_upload_path(id)
+  if redis.call('HSETNX', KEYS[5], id, letter) == 1 then redis.call('HINCRBY', stats, field, 1) end
+end
+"""
+
+# Commit one part: only while holding the upload lock, and only for the expected part number.
+# KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock, next_part, manifest,
+# stats. ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids,
+# then per dead letter the part committed: its prompt id, the letter (JSON) and its stats field.
+# Returns the number of prompts newly marked done, or an error when the lock or part changed.
+COMMIT = (
+    _MARK_COMMITTED_HELPERS
+    + """
+if redis.call('GET', KEYS[7]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local part = tonumber(redis.call('GET', KEYS[8]) or '0')
+if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
+local completed = tonumber(ARGV[4])
+local newly = 0
+for i = 5, 4 + completed do newly = newly + mark_done(ARGV[i]) end
+for i = 5 + completed, #ARGV, 3 do mark_dead(ARGV[i], ARGV[i + 1], KEYS[10], ARGV[i + 2]) end
+redis.call('RPUSH', KEYS[9], ARGV[3])
+redis.call('SET', KEYS[8], part + 1)
+return newly
+"""
+)
+
+# Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
+# and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, dead,
+# dead_pending, enqueued.
+MARK_COMMITTED = (
+    _MARK_COMMITTED_HELPERS
+    + """
+local newly = 0
+for _, id in ipairs(cjson.decode(ARGV[1])) do
+  newly = newly + mark_done(id)
+  redis.call('SADD', KEYS[7], id)
+end
+return newly
+"""
+)
+
+# The flush lock's lease, renewed per part and released by its holder only. KEYS: the lock.
+EXTEND_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# --------------------------------------------------------------------------- batch leases
+
+# A lease says which task execution generates a batch, until when (Redis clock). Its holder renews
+# it; a lease that runs out is taken back by the reconciler, which dispatches the batch again.
+# Shared prologue: `now` in seconds, and whether ARGV-given owner holds a batch's live lease.
+_LEASE_HELPERS = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
+local function holder_of(leases, owners, id)
+  local raw = redis.call('HGET', owners, id)
+  if not raw then return nil, 0 end
+  return cjson.decode(raw).owner, tonumber(redis.call('ZSCORE', leases, id) or '0')
+end
+"""
+)
+
+# KEYS: batch, open_batches, leases, lease_owners. ARGV: batch id, holder (JSON with `owner`), owner, TTL s.
+# Returns 'acquired', 'held' (another execution's lease is live) or 'finished' (the batch is gone).
+ACQUIRE_LEASE = (
+    _LEASE_HELPERS
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  return 'finished'
+end
+local owner, expiry = holder_of(KEYS[3], KEYS[4], ARGV[1])
+if owner and owner ~= ARGV[3] and expiry > now then return 'held' end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[4]), ARGV[1])
+return 'acquired'
+"""
+)
+
+# KEYS: leases, lease_owners, then each renewed batch's key. ARGV: TTL s, then per batch: id, owner,
+# holder (JSON). A lease still ours (even one that ran out and was not yet taken back) is extended.
+# Any other is lost: another execution holds it, the reconciler took it back, it was handed back (a
+# hand-back may land between the renewer's reading of its leases and this call: taking the lease
+# again would strand the batch's retry as `held`), or the batch is gone. Returns the ids of the lost.
+RENEW_LEASES = (
+    _LEASE_HELPERS
+    + """
+local lost = {}
+for i = 2, #ARGV, 3 do
+  local id, mine = ARGV[i], ARGV[i + 1]
+  local owner = holder_of(KEYS[1], KEYS[2], id)
+  local batch_key = KEYS[3 + (i - 2) / 3]
+  if owner == mine and redis.call('EXISTS', batch_key) == 1 then
+    redis.call('HSET', KEYS[2], id, ARGV[i + 2])
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), id)
+  else
+    table.insert(lost, id)
+  end
+end
+return lost
+"""
+)
+
+# Hand a batch back without finishing it: the lease goes (if ours, or nobody's) and the reconciler
+# leaves the batch alone for `delay` seconds, while its retry message waits for its countdown.
+# KEYS: open_batches, leases, lease_owners. ARGV: batch id, owner, delay s. Returns 1, or 0 when
+# another execution holds the batch (then it is left to that one).
+RELEASE_LEASE = (
+    _LEASE_HELPERS
+    + """
+local owner, expiry = holder_of(KEYS[2], KEYS[3], ARGV[1])
+if owner and owner ~= ARGV[2] and expiry > now then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+)
+
+# Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go. Only
+# on Redis's word, not the worker's: a Redis that lost its last second of writes may have forgotten a
+# hand-over the worker saw acknowledged, and a batch deleted then would strand that prompt for good.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done, staged, dead.
+# ARGV: batch id, then the batch's prompt ids. Returns the ids neither done, staged nor dead: when
+# there are any, nothing is changed and the caller hands the batch back.
+FINISH_BATCH = """
+local unsettled = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  if redis.call('SISMEMBER', KEYS[6], id) == 0 and redis.call('HEXISTS', KEYS[7], id) == 0
+      and redis.call('HEXISTS', KEYS[8], id) == 0 then
+    table.insert(unsettled, id)
+  end
+end
+if #unsettled > 0 then return unsettled end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+return unsettled
+"""
+
+# --------------------------------------------------------------------------- reconciliation
+
+# Take back every lease that ran out: the batch becomes dispatchable now. KEYS: open_batches, leases,
+# lease_owners. Returns id, holder (JSON, or '' when unknown) pairs, for the caller to dispatch again.
+EXPIRE_LEASES = (
+    _LEASE_HELPERS
+    + """
+local out = {}
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  local raw = redis.call('HGET', KEYS[3], id) or ''
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZADD', KEYS[1], 'XX', now, id)
+  table.insert(out, id)
+  table.insert(out, raw)
+end
+return out
+"""
+)
+
+# Of the given open batches, those that nobody leases are dispatched again now (their score moves
+# to now, so the next pass judges them afresh). KEYS: open_batches, leases. ARGV: batch ids.
+# Returns the ids the caller must publish.
+REDISPATCH = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
+local out = {}
+for _, id in ipairs(ARGV) do
+  if redis.call('ZSCORE', KEYS[2], id) == false and redis.call('ZSCORE', KEYS[1], id) ~= false then
+    redis.call('ZADD', KEYS[1], now, id)
+    table.insert(out, id)
+  end
+end
+return out
+"""
+)
+
+
+# --------------------------------------------------------------------------- seats (workers/recovery/seat.py)
+
+# Take a GPU label's seat unless a live process holds it: one whose channel still has a subscriber.
+# KEYS: the seat. ARGV: my token, the label's channel prefix. Returns {'taken', previous token or ''}
+# or {'held', the live holder's token}.
+TAKE_SEAT = """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then
+  if redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. current)[2] > 0 then return {'held', current} end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return {'taken', current or ''}
+"""
+
+# A new seat holder takes back, at once, every lease held under its label by another seat: those
+# holders are dead (TAKE_SEAT proved it). Their batches become dispatchable now. KEYS: open_batches,
+# leases, lease_owners. ARGV: the label, the new holder's seat token. Returns id, holder (JSON) pairs.
+TAKE_BACK_SEAT_LEASES = (
+    _REDIS_CLOCK
+    + """
+local now = redis_now()
+local out = {}
+local flat = redis.call('HGETALL', KEYS[3])
+for i = 1, #flat, 2 do
+  local ok, holder = pcall(cjson.decode, flat[i + 1])
+  if ok and type(holder) == 'table' and holder.worker == ARGV[1] and holder.seat ~= ARGV[2] then
+    redis.call('ZREM', KEYS[2], flat[i])
+    redis.call('HDEL', KEYS[3], flat[i])
+    redis.call('ZADD', KEYS[1], 'XX', now, flat[i])
+    table.insert(out, flat[i])
+    table.insert(out, flat[i + 1])
+  end
+end
+return out
+"""
+)
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """Every script, registered with one client (registering is local: Redis loads on first call)."""
+
+    classify: Script
+    claim: Script
+    stage: Script
+    dead_letter: Script
+    strike: Script
+    commit: Script
+    mark_committed: Script
+    extend_lock: Script
+    release_lock: Script
+    acquire_lease: Script
+    renew_leases: Script
+    release_lease: Script
+    finish_batch: Script
+    expire_leases: Script
+    redispatch: Script
+    take_seat: Script
+    take_back_seat_leases: Script
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> Scripts:
+        return cls(
+            classify=client.register_script(CLASSIFY),
+            claim=client.register_script(CLAIM),
+            stage=client.register_script(STAGE),
+            dead_letter=client.register_script(DEAD_LETTER),
+            strike=client.register_script(STRIKE),
+            commit=client.register_script(COMMIT),
+            mark_committed=client.register_script(MARK_COMMITTED),
+            extend_lock=client.register_script(EXTEND_LOCK),
+            release_lock=client.register_script(RELEASE_LOCK),
+            acquire_lease=client.register_script(ACQUIRE_LEASE),
+            renew_leases=client.register_script(RENEW_LEASES),
+            release_lease=client.register_script(RELEASE_LEASE),
+            finish_batch=client.register_script(FINISH_BATCH),
+            expire_leases=client.register_script(EXPIRE_LEASES),
+            redispatch=client.register_script(REDISPATCH),
+            take_seat=client.register_script(TAKE_SEAT),
+            take_back_seat_leases=client.register_script(TAKE_BACK_SEAT_LEASES),
+        )

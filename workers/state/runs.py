@@ -1,0 +1,79 @@
+"""A run's pinned settings: what every request of the run is sent with, and where its output goes."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+import redis
+
+from inference.records import Record, SamplingSettings
+from workers.errors import RunBroken
+from workers.state.keys import RunKeys
+
+DEFAULT_BATCH_SIZE = 32  # prompts per message: small, so a batch lives far below the visibility timeout
+DEFAULT_GATE_MIN_COMPLETIONS = 200
+DEFAULT_GATE_MAX_EMPTY_ANSWER_RATE = 0.20
+DEFAULT_GATE_MAX_TRUNCATED_RATE = 0.30
+DEFAULT_RETRY_MAX_TOKENS_CAP = 131072
+
+
+class TruncationPolicy(enum.StrEnum):
+    """What to do with a completion whose thinking the budget cut off."""
+
+    KEEP = "keep"  # commit it, labelled truncated_in_thinking
+    DROP = "drop"  # dead-letter the prompt with the reason
+    RETRY = "retry"  # ask again with double the budget, up to the cap; keep what the cap gives
+
+
+class QualityGate(Record, frozen=True):
+    """Pause the run when, over the completions since it last started or resumed, too many are bad."""
+
+    min_completions: int = DEFAULT_GATE_MIN_COMPLETIONS
+    max_empty_answer_rate: float = DEFAULT_GATE_MAX_EMPTY_ANSWER_RATE
+    max_truncated_rate: float = DEFAULT_GATE_MAX_TRUNCATED_RATE  # in thinking and in answer together
+
+
+class RunSettings(Record, frozen=True):
+    run: str
+    sampling: SamplingSettings
+    output_url: str  # file:///abs/path or s3://bucket/prefix
+    batch_size: int = DEFAULT_BATCH_SIZE
+    gate: QualityGate = QualityGate()
+    truncated_thinking: TruncationPolicy = TruncationPolicy.KEEP
+    retry_max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
+
+
+def encode_run_settings(settings: RunSettings) -> bytes:
+    return msgspec.json.encode(settings)
+
+
+def decode_run_settings(raw: bytes) -> RunSettings:
+    return msgspec.json.decode(raw, type=RunSettings)
+
+
+def differences(pinned: RunSettings, given: RunSettings) -> list[str]:
+    """Human-readable lines, one per field whose value differs."""
+    pinned_fields = msgspec.to_builtins(pinned)
+    given_fields = msgspec.to_builtins(given)
+    lines: list[str] = []
+    for name in pinned_fields:
+        old, new = pinned_fields[name], given_fields.get(name)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines.extend(
+                f"{name}.{sub}: pinned {old.get(sub)!r}, given {new.get(sub)!r}"
+                for sub in sorted(set(old) | set(new))
+                if old.get(sub) != new.get(sub)
+            )
+        elif old != new:
+            lines.append(f"{name}: pinned {old!r}, given {new!r}")
+    return lines
+
+
+def load_run_settings(client: redis.Redis, run: str) -> RunSettings:
+    raw = client.get(RunKeys(run).settings)
+    if raw is None:
+        raise RunBroken(
+            f"run {run!r} has no settings in Redis: was it enqueued with `python -m producer enqueue`?"
+        )
+    return decode_run_settings(raw)
