@@ -29,7 +29,7 @@ from producer.settings import ProducerSettings
 from producer.status.figures import parse_counters
 from producer.status.gather import gather_status, queue_depths
 from producer.status.model import RunStatus
-from workers.generate.heartbeat import read_heartbeats
+from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RUNS_KEY, RunKeys, check_run_name
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,

@@ -19,8 +19,8 @@ from producer.status.model import (
     QueueDepth,
     Rates,
 )
-from workers.generate.heartbeat import WorkerHeartbeat
-from workers.generate.quality_gate import DROPPED_TRUNCATIONS, GateReading
+from workers.state.gate_reading import DROPPED_TRUNCATIONS, GateReading
+from workers.state.heartbeats import WorkerHeartbeat
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.runs import RunSettings
 from workers.state.stats_fields import (

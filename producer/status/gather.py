@@ -31,11 +31,11 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
-from workers.generate.heartbeat import read_heartbeats
-from workers.generate.quality_gate import read_gate
 from workers.record.manifest import decode_entry
-from workers.recovery.consumer_watch import read_exit_notes
 from workers.state.control import pause_state
+from workers.state.exit_notes import read_exit_notes
+from workers.state.gate_reading import read_gate
+from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s

@@ -9,8 +9,8 @@ from workers.recovery.consumer_watch import (
     ConsumerFigures,
     ConsumerWatch,
     NotConsumingJudge,
-    read_exit_notes,
 )
+from workers.state.exit_notes import read_exit_notes
 from workers.state.queues import GENERATE_QUEUE
 
 LIMIT_S = 120.0

@@ -62,9 +62,6 @@ PRODUCER_ALSO_IMPORTS = {
     "workers.settings",  # the environment's names and the Redis default, shared by both sides
     "workers.app",  # enqueue builds an app to publish its first messages
     "workers.recovery.reconciler",  # enqueue dispatches a run's stranded batches again
-    "workers.recovery.consumer_watch",  # status reads the notes of workers that restarted themselves
-    "workers.generate.heartbeat",  # status and the metrics exporter read the heartbeats
-    "workers.generate.quality_gate",  # status reads the gate's last judgement
 }
 
 

@@ -53,7 +53,7 @@ from producer.status.model import (
 )
 from producer.status_cli import PRICE_ENV, resolve_price
 from producer.status_view import duration, render_status, size
-from workers.generate.heartbeat import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
+from workers.state.heartbeats import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
 
 START_S = 1_800_000_000.0  # the fake clock's first completion
 

@@ -13,50 +13,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import msgspec
 import redis
 
-from inference.records import Record
 from inference.server_probe import HEALTH_TIMEOUT_S, INFO_TIMEOUT_S, ServerProbe
 from workers.periodic import PeriodicThread
-from workers.state.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat_key
+from workers.state.heartbeats import (
+    HEARTBEAT_INTERVAL_S,
+    HEARTBEAT_TTL_S,
+    WorkerHeartbeat,
+    encode_heartbeat,
+)
+from workers.state.keys import worker_heartbeat_key
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL_S = 5.0
-HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
 # One beat takes at most the interval plus every probe's timeout, which stays well inside the TTL.
 assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_TTL_S
-
-SCAN_COUNT = 1000
-
-
-class WorkerHeartbeat(Record, frozen=True):
-    """What one generate worker says about its GPU."""
-
-    worker: str  # the GPU label, `host/gpuN` (the `gpu` field of the runs' event streams)
-    host: str
-    gpu: int | None
-    server_url: str
-    in_flight: int  # requests at the server right now
-    max_in_flight: int
-    suspended: bool  # the engine stopped sending (server hung or down)
-    server_health: int | None  # HTTP status of GET /health; None when it did not answer in time
-    spec_accept_length: float | None  # tokens per verify step; None when the server does not say
-    updated_at: float  # unix seconds, the worker's clock
-    interval_s: float = HEARTBEAT_INTERVAL_S
-
-
-def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:
-    return msgspec.json.encode(beat)
-
-
-def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
-    """The heartbeat, or None for a value that is not one (an older or foreign writer)."""
-    try:
-        return msgspec.json.decode(raw, type=WorkerHeartbeat)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -126,12 +98,3 @@ class HeartbeatPublisher:
             self._client.delete(self._key)
         except redis.RedisError:
             log.warning("could not remove heartbeat %s; it expires in %d s", self._key, self._ttl_s)
-
-
-def read_heartbeats(client: redis.Redis) -> list[WorkerHeartbeat]:
-    """Every live worker's heartbeat (expired ones are gone), sorted by worker label."""
-    keys = sorted(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=SCAN_COUNT))
-    if not keys:
-        return []
-    beats = (decode_heartbeat(raw) for raw in client.mget(keys) if raw is not None)
-    return sorted((beat for beat in beats if beat is not None), key=lambda beat: beat.worker)

@@ -23,19 +23,17 @@ from dataclasses import dataclass
 import redis
 
 from workers.periodic import PeriodicThread
-from workers.state.keys import EXIT_NOTES_PATTERN, worker_exit_note_key
+from workers.state.exit_notes import leave_exit_note
 from workers.state.queues import GENERATE_QUEUE
 
 log = logging.getLogger(__name__)
 
-SCAN_COUNT = 1000
 
 DEFAULT_NOT_CONSUMING_LIMIT_S = 120.0  # a broker reconnect takes seconds; two idle minutes cost little
 CHECK_INTERVAL_S = 5.0
 WARN_AFTER_S = CHECK_INTERVAL_S
 EXIT_NOT_CONSUMING = os.EX_TEMPFAIL  # 75: "try again", restarted by scripts/respawn and systemd
 EXIT_GRACE_S = 60.0
-EXIT_NOTE_TTL_S = 3600  # `status` shows why a worker restarted itself for an hour
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ class ConsumerWatch:
 
     def _leave_note(self, reason: str) -> None:
         try:
-            self._client.set(worker_exit_note_key(self._worker), reason, ex=EXIT_NOTE_TTL_S)
+            leave_exit_note(self._client, self._worker, reason)
         except redis.RedisError:
             log.warning("consumer watch: could not leave the exit note for %s", self._worker)
 
@@ -139,16 +137,3 @@ def stop_celery_worker(exit_code: int, *, grace_s: float = EXIT_GRACE_S) -> None
     timer = threading.Timer(grace_s, os._exit, args=(exit_code,))
     timer.daemon = True
     timer.start()
-
-
-def read_exit_notes(client: redis.Redis) -> dict[str, str]:
-    """Why workers ended themselves to be restarted within the last hour, by GPU label."""
-    keys = sorted(client.scan_iter(match=EXIT_NOTES_PATTERN, count=SCAN_COUNT))
-    if not keys:
-        return {}
-    prefix_length = len(worker_exit_note_key(""))
-    return {
-        key.decode()[prefix_length:]: note.decode()
-        for key, note in zip(keys, client.mget(keys), strict=True)
-        if note is not None
-    }

@@ -1,0 +1,53 @@
+"""The heartbeats generate workers keep in Redis: what one says about its GPU, and reading them all.
+
+`workers.generate.heartbeat` writes them; `status` and the metrics exporter read them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import redis
+
+from inference.records import Record
+from workers.state.keys import WORKER_HEARTBEAT_PATTERN
+
+HEARTBEAT_INTERVAL_S = 5.0
+HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
+SCAN_COUNT = 1000
+
+
+class WorkerHeartbeat(Record, frozen=True):
+    """What one generate worker says about its GPU."""
+
+    worker: str  # the GPU label, `host/gpuN` (the `gpu` field of the runs' event streams)
+    host: str
+    gpu: int | None
+    server_url: str
+    in_flight: int  # requests at the server right now
+    max_in_flight: int
+    suspended: bool  # the engine stopped sending (server hung or down)
+    server_health: int | None  # HTTP status of GET /health; None when it did not answer in time
+    spec_accept_length: float | None  # tokens per verify step; None when the server does not say
+    updated_at: float  # unix seconds, the worker's clock
+    interval_s: float = HEARTBEAT_INTERVAL_S
+
+
+def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:
+    return msgspec.json.encode(beat)
+
+
+def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
+    """The heartbeat, or None for a value that is not one (an older or foreign writer)."""
+    try:
+        return msgspec.json.decode(raw, type=WorkerHeartbeat)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def read_heartbeats(client: redis.Redis) -> list[WorkerHeartbeat]:
+    """Every live worker's heartbeat (expired ones are gone), sorted by worker label."""
+    keys = sorted(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=SCAN_COUNT))
+    if not keys:
+        return []
+    beats = (decode_heartbeat(raw) for raw in client.mget(keys) if raw is not None)
+    return sorted((beat for beat in beats if beat is not None), key=lambda beat: beat.worker)
