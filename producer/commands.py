@@ -2,7 +2,7 @@
 handler is producer/enqueue_command.py; what every command shares is producer/run_access.py).
 
 Imported only when one of them runs (see producer/deferred.py); only reading a part imports the Parquet
-readers (producer/output_record.py), so `files` and `gc` start without pyarrow.
+readers (workers/record/reading.py), so `files` and `gc` start without pyarrow.
 """
 
 from __future__ import annotations

@@ -36,20 +36,16 @@ from types import FrameType
 import msgspec
 import redis
 
-from inference.records import Prompt, PromptBatch, Record
+from inference.records import Prompt, PromptBatch
 from producer.errors import EnqueueBusy, SettingsError
-from producer.fingerprints import (
-    EnqueuedChunk,
-    EnqueueNote,
-    Fingerprint,
-    content_digest,
-    fingerprint_bucket,
-)
-from producer.rows import RejectedRow, rejection_key
+from producer.fingerprints import Fingerprint, content_digest, fingerprint_bucket
+from producer.rows import rejection_key
 from workers.periodic import PeriodicThread
+from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.record.object_store import ObjectStore
+from workers.record.rejections import RejectedRow, StoredRejection
 from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts
@@ -67,13 +63,6 @@ MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
 HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
 FINGERPRINTED_STATUSES = (*HELD_STATUSES, ORPHANED)  # an orphan's first content is known by its fingerprint
-
-
-class StoredRejection(Record, frozen=True):
-    """A rejected row as the object store keeps it: which input it came from, and where and why."""
-
-    source: str
-    rejected: RejectedRow
 
 
 @dataclass

@@ -23,11 +23,11 @@ from producer.errors import (
 from producer.progress_lines import ProgressLines
 from producer.reading import iter_prompts
 from producer.recover import write_run_settings
-from producer.rows import RejectedRow
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
 from producer.run_config import check_stated_values, read_toml, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.record.object_store import ObjectStore
+from workers.record.rejections import RejectedRow
 from workers.settings import WorkerSettings
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s

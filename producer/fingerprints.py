@@ -8,13 +8,10 @@ notes); the output keeps them too, in the object of each chunk's ids (`enqueued/
 
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass
 
-import msgspec
-
-from inference.records import Prompt, Record, row_place
+from inference.records import Prompt, row_place
 from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
 from workers.state.keys import FINGERPRINT_BUCKETS
 
@@ -58,34 +55,3 @@ def content_digest(prompt: Prompt) -> str | None:
     if prompt.id == full:
         return None
     return full.removeprefix(HASHED_ID_PREFIX)[:FINGERPRINT_HEX_CHARS]
-
-
-class EnqueueNote(Record, frozen=True):
-    """One `enqueue` of the run, named in conflicts with its rows: what it read, and when (unix s)."""
-
-    source: str
-    at: float
-
-    def describe(self, number: int) -> str:
-        if not self.source:  # a gap `recover` could not fill: that enqueue claimed nothing new
-            return f"enqueue {number}"
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.at))
-        return f"enqueue {number} ({self.source} at {when})"
-
-
-class EnqueuedChunk(Record, frozen=True):
-    """The object `enqueued/<key>.json` of one chunk: its new ids, the enqueue that claimed them, and
-    the fingerprint of each explicit id among them. (Outputs written before fingerprints were kept
-    hold the ids as a bare JSON list; `decode_enqueued` reads both.)"""
-
-    ids: list[str]
-    enqueue_number: int
-    note: EnqueueNote
-    fingerprints: dict[str, str]  # id -> Fingerprint.encode()
-
-
-def decode_enqueued(data: bytes) -> EnqueuedChunk:
-    found = msgspec.json.decode(data, type=EnqueuedChunk | list[str])
-    if isinstance(found, EnqueuedChunk):
-        return found
-    return EnqueuedChunk(ids=found, enqueue_number=0, note=EnqueueNote(source="", at=0.0), fingerprints={})

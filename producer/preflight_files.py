@@ -18,8 +18,8 @@ from inference.node.preflight.prompts import PreflightPrompt
 from inference.records import SamplingSettings
 from producer.errors import SettingsError, SourceError
 from producer.reading import iter_prompts
-from producer.rows import RejectedRow
 from producer.run_config import read_toml, resolve_run_settings
+from workers.record.rejections import RejectedRow
 
 PREFLIGHT_RUN_NAME = "preflight"
 """resolve_run_settings wants a run name; only its sampling part is used here."""

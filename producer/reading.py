@@ -18,7 +18,8 @@ from collections.abc import Generator, Iterator
 from inference.records import Prompt
 from producer.input_files import ColumnSelection, SourceRow, UnreadableRow, open_rows
 from producer.input_stores import S3ClientFactory, default_s3_client
-from producer.rows import FORMAT_FIELDS, ROW_FIELDS, RejectedRow, parse_row
+from producer.rows import FORMAT_FIELDS, ROW_FIELDS, parse_row
+from workers.record.rejections import RejectedRow
 
 PROMPT_COLUMNS = ColumnSelection(wanted=ROW_FIELDS, need_one_of=FORMAT_FIELDS)
 

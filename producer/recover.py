@@ -17,16 +17,13 @@ import redis
 
 from inference.records import DeadLetter
 from producer.errors import RunNotFound, SettingsError
-from producer.fingerprints import EnqueueNote, Fingerprint, fingerprint_bucket
-from producer.output_record import (
-    read_committed,
-    read_enqueued_chunks,
-    read_rejections,
-)
+from producer.fingerprints import Fingerprint, fingerprint_bucket
 from producer.rows import rejection_key
 from workers.errors import ObjectMissing
+from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry
 from workers.record.object_store import ObjectStore
+from workers.record.reading import read_committed, read_enqueued_chunks, read_rejections
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from inference.records import Message, Prompt, Record, row_place
+from inference.records import Message, Prompt
 from producer.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
+from workers.record.rejections import RejectedRow
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
 
@@ -60,22 +61,6 @@ CONTENT_PATHS = {
     CONVERSATIONS_FIELD: CONVERSATIONS_FIELD + "[{index}].value",
     PROMPT_FIELD: PROMPT_FIELD,
 }
-
-
-class RejectedRow(Record, frozen=True, kw_only=True):
-    """A row that cannot become a prompt, with where it is and why.
-
-    `row` is the physical line number in a JSONL file (blank lines are skipped but still counted,
-    so an editor opens the file at the right line) or the 1-based row index in a Parquet or Arrow
-    file. `file` names the file inside a folder or S3 prefix; it is empty for a one-file source.
-    """
-
-    row: int
-    reason: str
-    file: str = ""
-
-    def describe(self) -> str:
-        return f"{row_place(self.row, self.file)}: {self.reason}"
 
 
 def rejection_key(source: str, rejected: RejectedRow) -> str:

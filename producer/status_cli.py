@@ -19,12 +19,13 @@ from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record, row_place
 from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
-from producer.rows import RejectedRow, rejection_source
+from producer.rows import rejection_source
 from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
+from workers.record.rejections import RejectedRow
 from workers.record.storage import normalise_output_url, open_store
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name
@@ -156,7 +157,7 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
 
 def rejects_from_output(output_url: str, run: str) -> RejectsListing:
     """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
-    from producer.output_record import read_committed, read_rejections
+    from workers.record.reading import read_committed, read_rejections
 
     store = open_store(normalise_output_url(output_url))
     rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from producer.output_record import read_committed, read_enqueued_ids
 from workers.record.object_store import ObjectStore
+from workers.record.reading import read_committed, read_enqueued_ids
 from workers.state.keys import RunKeys
 
 SCAN_COUNT = 10_000

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from producer.output_record import read_enqueued_ids
 from tests.explorer.fleet import RUN, EnqueueProcess, Fleet, FleetShape, Snapshot, UploaderProcess, Worker
 from tests.explorer.invariants import Invariants
 from tests.explorer.schedule import Killed, Process, Scheduler
+from workers.record.reading import read_enqueued_ids
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections import Counter
 
 from inference.records import PromptBatch
-from producer.output_record import read_committed
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run
 from tests.explorer.fleet import RUN, Fleet
 from workers.record.manifest import MANIFEST_PREFIX
+from workers.record.reading import read_committed
 from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys

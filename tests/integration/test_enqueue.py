@@ -15,11 +15,11 @@ from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy, SettingsError
-from producer.output_record import read_enqueued_ids
 from producer.reading import iter_prompts
 from producer.recover import recover_run, write_run_settings
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore
+from workers.record.reading import read_enqueued_ids
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader

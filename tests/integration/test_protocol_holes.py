@@ -21,7 +21,6 @@ from inference.records import DeadLetter, PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
 from producer.gc import collect_orphans
-from producer.output_record import read_committed
 from producer.recover import write_run_settings
 from producer.verify import verify_run
 from tests.support.dispatch import RecordingDispatcher
@@ -33,6 +32,7 @@ from workers.generate import batches
 from workers.generate.generation import BatchOutcome
 from workers.record.manifest import DATA_PREFIX, DEAD_PREFIX, MANIFEST_PREFIX, data_key
 from workers.record.object_store import ObjectInfo, ObjectStore
+from workers.record.reading import read_committed
 from workers.record.storage import FolderStore, open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader

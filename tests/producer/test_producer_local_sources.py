@@ -16,7 +16,7 @@ from inference.records import Message, Prompt
 from producer.errors import SourceError
 from producer.input_files import SourceRow, open_rows
 from producer.reading import PROMPT_COLUMNS, iter_prompts
-from producer.rows import RejectedRow
+from workers.record.rejections import RejectedRow
 
 if sys.version_info >= (3, 14):
     from compression import zstd

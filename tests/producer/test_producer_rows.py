@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inference.records import Message, Prompt
-from producer.rows import RejectedRow, parse_row
+from producer.rows import parse_row
+from workers.record.rejections import RejectedRow
 
 ROW = 7
 

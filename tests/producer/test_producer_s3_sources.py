@@ -17,7 +17,7 @@ from producer_test_data import WriteHuggingFaceDataset
 from inference.records import Message, Prompt
 from producer.errors import SourceError
 from producer.reading import iter_prompts
-from producer.rows import RejectedRow
+from workers.record.rejections import RejectedRow
 
 if sys.version_info >= (3, 14):
     from compression import zstd

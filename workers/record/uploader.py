@@ -22,8 +22,8 @@ import msgspec
 import redis
 
 from inference.records import Completion, DeadLetter
-from workers.errors import RetryLater, RunBroken, UploadLockLost
-from workers.record.jsonl_io import from_jsonl, to_jsonl
+from workers.errors import ObjectMissing, RetryLater, RunBroken, UploadLockLost
+from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import (
     ManifestEntry,
     ObjectRef,
@@ -36,7 +36,8 @@ from workers.record.manifest import (
 )
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import OutputPin
-from workers.record.parquet_io import completions_to_parquet, prompt_ids_in
+from workers.record.parquet_io import completions_to_parquet
+from workers.record.reading import read_part
 from workers.record.upload_settings import UploadSettings
 from workers.state.codec import decode_blob
 from workers.state.keys import SERVERS_KEY
@@ -186,7 +187,10 @@ class Uploader:
                     f"{store.url} part {part} was committed by run {entry.run!r}, not {run!r}: "
                     f"an output belongs to one run; nothing of run {run!r} is committed there"
                 )
-            prompt_ids, dead_letters = records_in_part(store, entry)
+            adopted = read_part(store, entry)
+            if adopted.absent:
+                raise ObjectMissing(f"run {run} part {part} cannot be adopted: {adopted.absent} are absent")
+            prompt_ids, dead_letters = adopted.completed, adopted.dead
             report.adopted_parts += 1
             log.warning("run %s part %d was committed by an interrupted flush; adopting it", run, part)
         try:
@@ -224,10 +228,3 @@ class Uploader:
                 continue
             store.put_if_absent(server_key(identity), facts)
             self._servers_written.add((store.url, identity))
-
-
-def records_in_part(store: ObjectStore, entry: ManifestEntry) -> tuple[list[str], list[DeadLetter]]:
-    """What a committed part holds: the ids of its completions, and its dead letters."""
-    completed = prompt_ids_in(store.get(entry.key)) if entry.key is not None else []
-    dead = from_jsonl(store.get(entry.dead.key), DeadLetter) if entry.dead is not None else []
-    return completed, dead
