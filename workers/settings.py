@@ -36,7 +36,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 # in their tails together: hold ~5 windows of prompts (8 x 32 for 48 slots) so the window never starves.
 # Measured (benchmarks/bench_pipeline.py): 3 x 32 kept 0.80 of capacity, 6 x 32 kept 0.999.
 DEFAULT_BATCHES_IN_FLIGHT = 8
-DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see README "Failures"
+DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see docs/failures.md
 DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back
 DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
@@ -209,7 +209,7 @@ def check_environment(env: Mapping[str, str]) -> None:
             nearest = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {nearest[0]}?" if nearest else ""
             raise InvalidSetting(
-                f"{name} is not a draftgen setting{hint} (the settings: README.md, Configuration); unset it"
+                f"{name} is not a draftgen setting{hint} (the settings: docs/configuration.md); unset it"
             )
 
 

@@ -1,4 +1,4 @@
-"""The README's layout names only files and folders that exist, and every package of the tree."""
+"""docs/development.md's layout names only files and folders that exist, and every package of the tree."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ NAMED = re.compile(r"`([\w/.]+(?:\.py|/))`")
 
 
 def layout_bullets() -> dict[str, str]:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("Layout, lowest layer first", 1)[1].split("\n\n", 1)[0]
+    development = (ROOT / "docs" / "development.md").read_text()
+    section = development.split("Layout, lowest layer first", 1)[1].split("\n\n", 1)[0]
     return {package: text for package, text in BULLET.findall(section)}
 
 
