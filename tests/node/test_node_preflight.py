@@ -22,10 +22,10 @@ from inference.node.preflight import run_files
 from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
 from inference.node.preflight.outcomes import (
     PromptOutcome,
-    ServerFacts,
+    ServerReading,
     answered,
     outcome_of_error,
-    server_facts,
+    server_reading,
     summarize,
 )
 from inference.node.preflight.report import build_report
@@ -39,7 +39,7 @@ URL = "http://gpu-0:30000"
 BUDGET = 4096
 THINKING = SamplingSettings(max_tokens=BUDGET, enable_thinking=True)
 NO_THINKING = SamplingSettings(max_tokens=BUDGET, enable_thinking=False)
-SPECULATIVE_SERVER = ServerFacts(
+SPECULATIVE_SERVER = ServerReading(
     served_model_name="default", reasoning_parser="qwen3", speculative_algorithm="NEXTN"
 )
 WALL_S = 2.0
@@ -110,7 +110,7 @@ def bare_answer(name: str = "bare", *, thinking_enabled: bool = True) -> PromptO
 def findings_for(
     outcomes: list[PromptOutcome],
     sampling: SamplingSettings = THINKING,
-    server: ServerFacts = SPECULATIVE_SERVER,
+    server: ServerReading = SPECULATIVE_SERVER,
 ) -> list[Finding]:
     return judge(outcomes, sampling, server, summarize(outcomes, WALL_S), URL)
 
@@ -268,7 +268,7 @@ def test_the_servers_average_accept_length_is_judged_when_responses_carry_none()
 
 
 def test_no_speculative_statistics_at_all_is_only_a_note() -> None:
-    server = ServerFacts(served_model_name="default", reasoning_parser="qwen3")
+    server = ServerReading(served_model_name="default", reasoning_parser="qwen3")
 
     findings = findings_for([good(f"p{i}", accept=None) for i in range(8)], server=server)
 
@@ -334,8 +334,8 @@ def test_server_info_gives_the_accept_length_only_once_a_speculative_step_ran() 
         "internal_states": [{"avg_spec_accept_length": 3.4}],
     }
 
-    facts = server_facts(payload)
-    idle = server_facts({**payload, "internal_states": [{"avg_spec_accept_length": 0.0}]})
+    facts = server_reading(payload)
+    idle = server_reading({**payload, "internal_states": [{"avg_spec_accept_length": 0.0}]})
 
     assert (facts.avg_spec_accept_length, facts.context_length_tokens, facts.reasoning_parser) == (
         3.4,

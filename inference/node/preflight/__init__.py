@@ -10,7 +10,7 @@ findings, and `verdict_of` turns findings into PASS, WARN or FAIL. Only `run_pre
 `fetch_server_info` do I/O.
 
 prompts.py    PreflightPrompt and the built-in prompts
-outcomes.py   what was observed: PromptOutcome per prompt, ServerFacts from `/server_info`, Totals
+outcomes.py   what was observed: PromptOutcome per prompt, ServerReading from `/server_info`, Totals
 judging.py    the rules: findings (Level, Finding), `judge`, `verdict_of`, `suggest_max_tokens`
 report.py     PreflightReport, `build_report` and `report_to_json`
 run.py        the I/O: `run_preflight` and `fetch_server_info`

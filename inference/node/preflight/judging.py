@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inference.node.preflight.outcomes import PromptOutcome, ServerFacts, Totals
+from inference.node.preflight.outcomes import PromptOutcome, ServerReading, Totals
 from inference.quality import FINISH_LENGTH
 from inference.records import Quality, SamplingSettings
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
@@ -128,7 +128,7 @@ def _rejection_advice(status: int | None, url: str) -> str:
 
 
 def answer_findings(
-    outcomes: Sequence[PromptOutcome], sampling: SamplingSettings, server: ServerFacts
+    outcomes: Sequence[PromptOutcome], sampling: SamplingSettings, server: ServerReading
 ) -> list[Finding]:
     """The shape of the answers: think tags in the answer, truncation, empty answers, missing or
     unexpected reasoning."""
@@ -146,7 +146,7 @@ def answer_findings(
     return findings
 
 
-def _think_tag_findings(done: Sequence[PromptOutcome], server: ServerFacts) -> list[Finding]:
+def _think_tag_findings(done: Sequence[PromptOutcome], server: ServerReading) -> list[Finding]:
     tagged = [outcome for outcome in done if outcome.think_tags_in_answer]
     if not tagged:
         return []
@@ -167,7 +167,7 @@ def _think_tag_findings(done: Sequence[PromptOutcome], server: ServerFacts) -> l
 
 
 def _truncation_findings(
-    done: Sequence[PromptOutcome], sampling: SamplingSettings, server: ServerFacts
+    done: Sequence[PromptOutcome], sampling: SamplingSettings, server: ServerReading
 ) -> list[Finding]:
     cut = [outcome for outcome in done if outcome.finish_reason == FINISH_LENGTH]
     if not cut:
@@ -225,7 +225,7 @@ def _empty_answer_findings(done: Sequence[PromptOutcome]) -> list[Finding]:
     ]
 
 
-def _missing_reasoning_findings(done: Sequence[PromptOutcome], server: ServerFacts) -> list[Finding]:
+def _missing_reasoning_findings(done: Sequence[PromptOutcome], server: ServerReading) -> list[Finding]:
     bare = [outcome for outcome in done if outcome.quality is Quality.NO_REASONING]
     if not bare:
         return []
@@ -267,7 +267,7 @@ def _unexpected_reasoning_findings(done: Sequence[PromptOutcome]) -> list[Findin
     ]
 
 
-def speculative_findings(totals: Totals, server: ServerFacts) -> list[Finding]:
+def speculative_findings(totals: Totals, server: ServerReading) -> list[Finding]:
     """Speculative decoding's accept length: per response (sglext) first, else the server's average."""
     if totals.answered == 0:
         return []
@@ -297,7 +297,7 @@ def speculative_findings(totals: Totals, server: ServerFacts) -> list[Finding]:
     return []
 
 
-def model_name_findings(sampling: SamplingSettings, server: ServerFacts) -> list[Finding]:
+def model_name_findings(sampling: SamplingSettings, server: ServerReading) -> list[Finding]:
     served = server.served_model_name
     if served is None or sampling.model == served:
         return []
@@ -313,7 +313,7 @@ def model_name_findings(sampling: SamplingSettings, server: ServerFacts) -> list
 def judge(
     outcomes: Sequence[PromptOutcome],
     sampling: SamplingSettings,
-    server: ServerFacts,
+    server: ServerReading,
     totals: Totals,
     url: str,
 ) -> list[Finding]:

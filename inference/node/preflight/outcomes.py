@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from inference.errors import InferenceError, InferenceRejected
 from inference.quality import label_completion
 from inference.records import Quality
+from inference.server_facts import facts_from_server_info
+from inference.server_probe import accept_length_from_server_info
 
 if TYPE_CHECKING:  # the client pulls in openai; these rules only read its results
     from inference.chat_stream import ChatResult
@@ -102,8 +104,9 @@ def outcome_of_error(name: str, error: InferenceError) -> PromptOutcome:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServerFacts:
-    """What `/server_info` says about the server; every field None when it could not be read."""
+class ServerReading:
+    """What preflight reads of `/server_info` for its verdict: a few of the server's facts
+    (`inference.server_facts`) and its live accept length; every field None when it could not be read."""
 
     served_model_name: str | None = None
     reasoning_parser: str | None = None
@@ -113,23 +116,17 @@ class ServerFacts:
     error: str | None = None
 
 
-def server_facts(payload: Mapping[str, Any]) -> ServerFacts:
+def server_reading(payload: Mapping[str, Any]) -> ServerReading:
     """Read SGLang's `/server_info` body (resolved server args plus `internal_states`)."""
-    states = payload.get("internal_states") or [{}]
-    first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
-    accept = first.get("avg_spec_accept_length")
-    context = payload.get("context_length")
-    return ServerFacts(
-        served_model_name=_text_or_none(payload.get("served_model_name")),
-        reasoning_parser=_text_or_none(payload.get("reasoning_parser")),
-        speculative_algorithm=_text_or_none(payload.get("speculative_algorithm")),
-        avg_spec_accept_length=float(accept) if isinstance(accept, int | float) and accept > 0 else None,
-        context_length_tokens=context if isinstance(context, int) else None,
+    facts = facts_from_server_info(payload, server_url="")
+    accept = accept_length_from_server_info(payload)
+    return ServerReading(
+        served_model_name=facts.served_model_name or None,
+        reasoning_parser=facts.reasoning_parser or None,
+        speculative_algorithm=facts.speculative_algorithm or None,
+        avg_spec_accept_length=accept if accept is not None and accept > 0 else None,
+        context_length_tokens=facts.context_length,
     )
-
-
-def _text_or_none(value: object) -> str | None:
-    return str(value) if value not in (None, "") else None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,11 +9,11 @@ from typing import Any
 import msgspec
 
 from inference.node.preflight.judging import Finding, Verdict, judge, verdict_of
-from inference.node.preflight.outcomes import PromptOutcome, ServerFacts, Totals, summarize
+from inference.node.preflight.outcomes import PromptOutcome, ServerReading, Totals, summarize
 from inference.records import SamplingSettings
 
 SERVER_JSON_NAMES = {"context_length_tokens": "context_length"}
-"""ServerFacts fields named otherwise in the JSON (SGLang's own name)."""
+"""ServerReading fields named otherwise in the JSON (SGLang's own name)."""
 PROMPT_JSON_FIELDS = (
     "name",
     "finish_reason",
@@ -35,7 +35,7 @@ class PreflightReport:
     url: str
     sampling: SamplingSettings
     outcomes: list[PromptOutcome]
-    server: ServerFacts
+    server: ServerReading
     totals: Totals
     findings: list[Finding] = field(default_factory=list)
 
@@ -48,7 +48,7 @@ def build_report(
     url: str,
     sampling: SamplingSettings,
     outcomes: Sequence[PromptOutcome],
-    server: ServerFacts,
+    server: ServerReading,
     wall_s: float,
 ) -> PreflightReport:
     totals = summarize(outcomes, wall_s)

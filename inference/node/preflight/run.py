@@ -12,10 +12,10 @@ from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.errors import InferenceError
 from inference.node.preflight.outcomes import (
     PromptOutcome,
-    ServerFacts,
+    ServerReading,
     outcome_of_error,
     outcome_of_result,
-    server_facts,
+    server_reading,
 )
 from inference.node.preflight.prompts import PreflightPrompt
 from inference.node.preflight.report import PreflightReport, build_report
@@ -28,13 +28,13 @@ RID_PREFIX = "preflight"
 
 async def fetch_server_info(
     url: str, api_key: str | None, timeout_s: float = SERVER_INFO_TIMEOUT_S
-) -> ServerFacts:
+) -> ServerReading:
     """`/server_info`, read after the prompts so its average accept length covers them."""
     try:
         payload = await asyncio.to_thread(ServerProbe(url, api_key).read_server_info, timeout_s)
     except InferenceError as error:
-        return ServerFacts(error=str(error))
-    return server_facts(payload)
+        return ServerReading(error=str(error))
+    return server_reading(payload)
 
 
 async def _ask(
