@@ -11,7 +11,7 @@ DATA is one of:
   `.arrow` shards, Arrow IPC streams, in the order `state.json` lists them. `datasets` itself is
   not needed. A `DatasetDict` folder is refused: pass one split's folder;
 - any of the above on S3: `s3://bucket/key` for a file, `s3://bucket/prefix/` (trailing slash)
-  for a folder. The client comes from `s3_client_factory`, by default `boto3.client("s3")`, so the
+  for a folder. The client comes from `s3_client_factory`, by default `inference.s3.s3_client()`, so the
   standard AWS chain applies (credentials, region, AWS_ENDPOINT_URL). An object is streamed, never
   downloaded whole; a dropped connection resumes at the same byte, pinned to the object's ETag.
 
@@ -42,10 +42,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError
 
+from inference.s3 import S3_SCHEME
 from inference.safe_paths import stays_inside
 from producer.errors import SourceError
 from producer.input_stores import (
-    S3_SCHEME,
     InputFiles,
     LocalInputFiles,
     S3ClientFactory,

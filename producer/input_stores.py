@@ -12,18 +12,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from inference.backoff import backoff_delay_s
+from inference.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, parse_s3_url, s3_client
 from producer.errors import SourceError
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
-S3_SCHEME = "s3://"
 READ_BUFFER_BYTES = 1024 * 1024
-S3_READ_ATTEMPTS = 5  # per read call: a dropped connection resumes with a Range request
-S3_RETRY_BASE_DELAY_S = 0.5  # doubled after each failed attempt
+# botocore retries every request (inference.s3), not a response body cut off while it streams: a body
+# read that fails resumes with a Range request from the byte it reached, as many times as botocore tries.
+BODY_RESUME_BASE_DELAY_S = 0.5
 
 
 class InputFiles(Protocol):
@@ -47,7 +48,7 @@ S3ClientFactory = Callable[[], S3Client]
 
 
 def default_s3_client() -> S3Client:
-    client: S3Client = boto3.client("s3")
+    client: S3Client = s3_client()
     return client
 
 
@@ -80,10 +81,11 @@ class S3InputFiles:
 
     @classmethod
     def from_url(cls, url: str, client: S3Client) -> S3InputFiles:
-        bucket, _, key = url.removeprefix(S3_SCHEME).partition("/")
-        if not bucket:
+        location = parse_s3_url(url)
+        if location is None:
             raise SourceError(f"{url}: no bucket name")
-        store = cls(client, bucket)
+        key = location.key
+        store = cls(client, location.bucket)
         if key and not key.endswith("/") and not store.is_file(url):
             raise SourceError(f"{url}: no such S3 object (a folder needs a trailing slash)")
         return store
@@ -136,7 +138,8 @@ class S3InputFiles:
         return self._heads[key]
 
     def _key(self, name: str) -> str:
-        return name.removeprefix(S3_SCHEME).partition("/")[2]
+        location = parse_s3_url(name)
+        return location.key if location is not None else ""
 
     def _url(self, key: str) -> str:
         return f"{S3_SCHEME}{self._bucket}/{key}"
@@ -196,22 +199,22 @@ class S3ObjectReader(io.RawIOBase):
         super().close()
 
     def _read_with_resume(self, wanted: int) -> bytes:
-        for attempt in range(1, S3_READ_ATTEMPTS + 1):
+        for attempt in range(1, S3_MAX_ATTEMPTS + 1):
+            if self._body is None:
+                self._body = self._open_at_position()  # a request: botocore's retries, not these
             try:
-                if self._body is None:
-                    self._body = self._open_at_position()
                 chunk: bytes = self._body.read(wanted)
                 if chunk:
                     return chunk
                 raise ConnectionError("the response ended before the object did")
             except (BotoCoreError, OSError) as error:
                 self._drop_body()
-                if attempt == S3_READ_ATTEMPTS:
+                if attempt == S3_MAX_ATTEMPTS:
                     raise SourceError(
                         f"{self._url()}: read failed at byte {self._position} "
                         f"after {attempt} attempts: {error}"
                     ) from error
-                time.sleep(S3_RETRY_BASE_DELAY_S * 2 ** (attempt - 1))
+                time.sleep(backoff_delay_s(attempt, base_s=BODY_RESUME_BASE_DELAY_S))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _open_at_position(self) -> Any:
@@ -223,6 +226,8 @@ class S3ObjectReader(io.RawIOBase):
             if _error_code(error) in {"412", "PreconditionFailed"}:
                 raise SourceError(f"{self._url()}: changed while being read") from error
             raise SourceError(f"{self._url()}: {error}") from error
+        except BotoCoreError as error:
+            raise SourceError(f"{self._url()}: read failed at byte {self._position}: {error}") from error
         return response["Body"]
 
     def _url(self) -> str:

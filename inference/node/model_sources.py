@@ -1,7 +1,7 @@
 """Where a model folder is staged from: a local (or network-mounted) folder, or an S3 prefix.
 
-S3 goes through boto3 with the standard credential chain; boto3 itself honours AWS_ENDPOINT_URL
-(and AWS_ENDPOINT_URL_S3) for S3-compatible stores.
+S3 goes through `inference.s3`'s client (the standard credential chain and retry policy; boto3 itself
+honours AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3 for S3-compatible stores).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from inference.node.errors import StagingError
+from inference.s3 import S3_SCHEME, is_s3_url, parse_s3_url, s3_client
 
-S3_SCHEME = "s3://"
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 
 
@@ -75,14 +75,10 @@ class S3Source:
 
     @classmethod
     def from_url(cls, url: str, client: Any | None = None) -> S3Source:
-        bucket, _, prefix = url.removeprefix(S3_SCHEME).partition("/")
-        if not bucket:
+        location = parse_s3_url(url)
+        if location is None:
             raise StagingError(f"{url!r} names no bucket; expected s3://bucket/prefix")
-        if client is None:
-            import boto3
-
-            client = boto3.client("s3")
-        return cls(bucket, prefix, client)
+        return cls(location.bucket, location.key, client if client is not None else s3_client())
 
     @property
     def name(self) -> str:
@@ -123,6 +119,6 @@ class S3Source:
 
 def open_source(spec: str, s3_client: Any | None = None) -> ModelSource:
     """`s3://bucket/prefix` or a local folder path."""
-    if spec.startswith(S3_SCHEME):
+    if is_s3_url(spec):
         return S3Source.from_url(spec, s3_client)
     return LocalSource(Path(spec))

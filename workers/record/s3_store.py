@@ -13,16 +13,15 @@ from typing import Any
 import boto3
 import boto3.exceptions
 import botocore.exceptions
-from botocore.config import Config
 
+from inference.s3 import s3_client
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, StoreUnavailable, UnsafeKey
 from workers.record.object_store import ObjectInfo
 
 STORE_RETRY_DELAY_S = 10.0
-# botocore retries each request (its own layer); a flush that still fails raises StoreUnavailable, and
-# Celery's retry of the flush task is the layer above it: the whole part is written again later.
-S3_MAX_ATTEMPTS = 5
+# botocore retries each request (inference.s3's policy); a flush that still fails raises StoreUnavailable,
+# and Celery's retry of the flush task is the layer above it: the whole part is written again later.
 S3_PRECONDITION_FAILED = "PreconditionFailed"
 S3_CONFLICT = "ConditionalRequestConflict"
 S3_NOT_FOUND = ("NoSuchKey", "404", "NotFound")
@@ -37,9 +36,7 @@ class S3Store:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._s3 = client or boto3.client(
-            "s3", config=Config(retries={"max_attempts": S3_MAX_ATTEMPTS, "mode": "standard"})
-        )
+        self._s3 = client or s3_client()
 
     def _full(self, key: str) -> str:
         bare = key.rstrip("/")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from inference.s3 import S3Url, parse_s3_url
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
 from workers.record.object_store import ObjectInfo, ObjectStore
@@ -128,11 +129,11 @@ def folder_of(url_path: str) -> Path:
     return Path(unquote(url_path))
 
 
-def _bucket_of(s3_url: str) -> str:
-    bucket = urlparse(s3_url).netloc
-    if not bucket:
-        raise UnsupportedStoreUrl(f"{s3_url!r} names no bucket: use s3://bucket/prefix")
-    return bucket
+def _s3_location(url: str) -> S3Url:
+    location = parse_s3_url(url)
+    if location is None:
+        raise UnsupportedStoreUrl(f"{url!r} names no bucket: use s3://bucket/prefix")
+    return location
 
 
 def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
@@ -140,10 +141,11 @@ def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
     if parsed.scheme == "file":
         return FolderStore(folder_of(parsed.path))
     if parsed.scheme == "s3":
+        location = _s3_location(url)
         # boto3 only for S3 outputs: a tenth of a second to import
         from workers.record.s3_store import S3Store
 
-        return S3Store(_bucket_of(url), parsed.path, s3_client)
+        return S3Store(location.bucket, location.key, s3_client)
     raise UnsupportedStoreUrl(f"{url!r}: output must be file:///absolute/path or s3://bucket/prefix")
 
 
@@ -164,7 +166,7 @@ def normalise_output_url(url: str) -> str:
         raise UnsupportedStoreUrl(f"the output is empty: give {OUTPUT_FORMS}")
     parsed = urlparse(url)
     if parsed.scheme == "s3":
-        _bucket_of(url)
+        _s3_location(url)
         return url
     if parsed.scheme == "file":
         if parsed.netloc not in LOCAL_FILE_HOSTS:
