@@ -58,7 +58,11 @@ ETA_MEASURED_AT = 0.40  # share of the prompts generated when the ETA is read
 # window, lengths with a CV of 0.55). 30% = the drain plus two sigmas and a little room for load from
 # other processes; a wrong rate (a whole-run average, a window that misses the run's start, tokens taken
 # for completions) misses by far more.
-ETA_TOLERANCE = 0.30
+# This run is younger than status's minute, so its rate is counted from its first staged completion, and
+# the first completions of a run are staged up to FIRST_STAGE_LAG_S after they finish (measured 2.6-2.8 s
+# on 2 cores, the same at 9ce7772): their burst inflates the young window's rate and shortens the ETA by
+# up to half here. A real run's ETA at 40% is read over a whole minute of steady completions.
+ETA_TOLERANCE = 0.50
 PRICE_PER_GPU_HOUR = 3.80
 PAUSE_BATCH_SIZE = 8
 PAUSE_PROMPTS = 400  # well beyond what a pause lets finish: GPUS x (held batches + a tail window)
@@ -76,6 +80,7 @@ ACCEPT_LENGTH_DRAW_SLACK = 0.2  # the simulator draws each step's accepted token
 # Status times a completion when it is staged, which on a loaded machine can trail its finish by up to a
 # second; the run's first staging starts status's clock, so the records' span may be that much longer.
 STAGE_LAG_SLACK_S = 1.0
+FIRST_STAGE_LAG_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +265,7 @@ def test_each_status_figure_of_a_finished_run_matches_what_the_run_produced(
     # Whole-run rates: the records' finish times span the same time.
     finishes = [row["timings"]["finished_at"] for row in rows]  # type: ignore[index]
     span = max(finishes) - min(finishes)  # type: ignore[type-var,operator]
-    assert span - STAGE_LAG_SLACK_S <= whole.window_s <= span + STAGE_LAG_SLACK_S
+    assert span - FIRST_STAGE_LAG_S <= whole.window_s <= span + STAGE_LAG_SLACK_S
     assert whole.completions_per_s == pytest.approx(STEADY_PROMPTS / whole.window_s)
     assert whole.output_tokens_per_s == pytest.approx(tokens / whole.window_s)
     # Quality and finish reasons: exactly the records' labels.
