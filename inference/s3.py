@@ -21,9 +21,6 @@ class S3Url:
     bucket: str
     key: str  # everything after the bucket's slash, literally (S3 keys may hold `?` and `#`); "" for none
 
-    def __str__(self) -> str:
-        return f"{S3_SCHEME}{self.bucket}/{self.key}"
-
 
 def is_s3_url(url: str) -> bool:
     return url.startswith(S3_SCHEME)

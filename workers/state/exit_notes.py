@@ -5,9 +5,9 @@ from __future__ import annotations
 import redis
 
 from workers.state.keys import EXIT_NOTES_PATTERN, worker_exit_note_key
+from workers.state.redis_client import values_matching
 
 EXIT_NOTE_TTL_S = 3600  # `status` shows why a worker restarted itself for an hour
-SCAN_COUNT = 1000
 
 
 def leave_exit_note(client: redis.Redis, worker: str, reason: str) -> None:
@@ -16,12 +16,8 @@ def leave_exit_note(client: redis.Redis, worker: str, reason: str) -> None:
 
 def read_exit_notes(client: redis.Redis) -> dict[str, str]:
     """Why workers ended themselves to be restarted within the last hour, by GPU label."""
-    keys = sorted(client.scan_iter(match=EXIT_NOTES_PATTERN, count=SCAN_COUNT))
-    if not keys:
-        return {}
     prefix_length = len(worker_exit_note_key(""))
     return {
         key.decode()[prefix_length:]: note.decode()
-        for key, note in zip(keys, client.mget(keys), strict=True)
-        if note is not None
+        for key, note in values_matching(client, EXIT_NOTES_PATTERN)
     }

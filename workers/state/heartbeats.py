@@ -10,10 +10,10 @@ import redis
 
 from inference.records import Record
 from workers.state.keys import WORKER_HEARTBEAT_PATTERN
+from workers.state.redis_client import values_matching
 
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
-SCAN_COUNT = 1000
 
 
 class WorkerHeartbeat(Record, frozen=True):
@@ -46,8 +46,5 @@ def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
 
 def read_heartbeats(client: redis.Redis) -> list[WorkerHeartbeat]:
     """Every live worker's heartbeat (expired ones are gone), sorted by worker label."""
-    keys = sorted(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=SCAN_COUNT))
-    if not keys:
-        return []
-    beats = (decode_heartbeat(raw) for raw in client.mget(keys) if raw is not None)
+    beats = (decode_heartbeat(raw) for _, raw in values_matching(client, WORKER_HEARTBEAT_PATTERN))
     return sorted((beat for beat in beats if beat is not None), key=lambda beat: beat.worker)

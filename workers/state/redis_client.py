@@ -17,6 +17,15 @@ REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
 REDIS_BACKOFF_CAP_S = 4.0  # 16 tries at up to 4 s each: ~30 s of outage on average, ~60 s at most
 MICROSECONDS_PER_S = 1e6
+SCAN_COUNT = 1000
+
+
+def values_matching(client: redis.Redis, pattern: str) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of the string keys matching `pattern`, sorted by key (keys gone meanwhile: none)."""
+    keys = sorted(client.scan_iter(match=pattern, count=SCAN_COUNT))
+    if not keys:
+        return []
+    return [(key, value) for key, value in zip(keys, client.mget(keys), strict=True) if value is not None]
 
 
 def redis_now_s(client: redis.Redis) -> float:
