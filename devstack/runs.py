@@ -11,9 +11,9 @@ from inference.records import Prompt
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
-from workers.app import make_app
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
+from workers.state.broker import sending_app
 from workers.state.runs import RunSettings
 
 BENCH_SOURCE = "bench"
@@ -39,7 +39,7 @@ def enqueue_run(
     publishing to the Redis at `redis_url` (the client's)."""
     pinned = pin_settings(client, settings)
     write_run_settings(open_store(pinned.output_url), pinned)
-    publisher = BatchPublisher(make_app(WorkerSettings(redis_url=redis_url)))
+    publisher = BatchPublisher(sending_app(WorkerSettings(redis_url=redis_url).broker))
     try:
         Enqueuer(client, pinned, publisher, source=BENCH_SOURCE).enqueue(prompts)
     finally:

@@ -11,6 +11,7 @@ import redis
 
 from inference.exit_codes import EXIT_INTERRUPTED
 from inference.sampling_options import add_sampling_options
+from intake.errors import IntakeError
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error
 from producer.run_access import chosen_redis_url
@@ -157,6 +158,6 @@ def _run(args: argparse.Namespace) -> int:
     try:
         settings = ProducerSettings.from_env()
         exit_code: int = args.handler(args, settings)
-    except (WorkerError, redis.RedisError) as error:
+    except (WorkerError, IntakeError, redis.RedisError) as error:
         raise as_producer_error(error, redis_url=chosen_redis_url(args, settings)) from error
     return exit_code

@@ -37,15 +37,16 @@ import msgspec
 import redis
 
 from inference.records import Prompt, PromptBatch
+from intake.rejected import RejectedRow
+from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
 from producer.fingerprints import Fingerprint, content_digest, fingerprint_bucket
-from producer.rows import rejection_key
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.record.object_store import ObjectStore
-from workers.record.rejections import RejectedRow, StoredRejection
+from workers.record.rejections import StoredRejection
 from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts

@@ -15,20 +15,21 @@ import redis
 from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from inference.records import Prompt
 from inference.sampling_options import SAMPLING_OPTION_NAMES
+from intake.reading import iter_prompts
+from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.errors import (
     OutputError,
     SourceError,
 )
 from producer.progress_lines import ProgressLines
-from producer.reading import iter_prompts
 from producer.recover import write_run_settings
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
-from producer.run_config import check_stated_values, read_toml, resolve_run_settings
+from producer.run_config import check_stated_values, read_settings_file, resolve_run_settings
 from producer.settings import ProducerSettings
 from workers.record.object_store import ObjectStore
-from workers.record.rejections import RejectedRow
 from workers.settings import WorkerSettings
+from workers.state.broker import sending_app
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
 from workers.state.runs import RunSettings
@@ -121,7 +122,6 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     """Validate everything (environment, Redis, settings, input, output), then write run.json, pin the
     settings and enqueue. A refusal leaves nothing pinned and nothing written."""
     from producer.publisher import BatchPublisher  # Celery only where messages are sent
-    from workers.app import make_app
     from workers.recovery.reconciler import Reconciler, ReconcileSettings
     from workers.state.dispatch import CeleryDispatcher
 
@@ -129,7 +129,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     worker_settings = dataclasses.replace(
         WorkerSettings.from_env(), redis_url=chosen_redis_url(args, settings)
     )
-    file_values = read_toml(args.config) if args.config else {}
+    file_values = read_settings_file(args.config) if args.config else {}
     check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
@@ -140,7 +140,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     pinned = pin_settings(client, given)
     started_s = redis_now_s(client)  # batches dispatched before this are the ones a re-run checks
 
-    app = make_app(worker_settings)
+    app = sending_app(worker_settings.broker)
     publisher = BatchPublisher(app)
     try:
         report = Enqueuer(client, pinned, publisher, source=args.data, store=store).enqueue(items)

@@ -22,16 +22,19 @@ The layers below raise their own trees; `as_producer_error` says where each land
   workers StoreUnavailable       -> OutputUnavailable
   workers RetryLater (any other) -> Unavailable
   workers Refused                -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
+  intake SourceError             -> SourceError  (DATA cannot be read at all, found while streaming it)
+  intake SettingsFileError       -> SettingsError
   workers WorkerError (the rest) -> RunStateBroken (an object a manifest names is missing, a run unreadable)
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeAlias
 
 import redis
 
 from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
+from intake import errors as intake_errors
 from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
 from workers.settings import redacted_url
 
@@ -91,8 +94,16 @@ class RunStateBroken(ProducerError):
     exit_code = EXIT_FAILED
 
 
-def as_producer_error(error: WorkerError | redis.RedisError, *, redis_url: str) -> ProducerError:
+LowerError: TypeAlias = WorkerError | intake_errors.IntakeError | redis.RedisError
+"""What the layers below raise, each mapped into this tree by `as_producer_error`."""
+
+
+def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
     """A lower layer's error as the branch of this tree that says the same (see the table above)."""
+    if isinstance(error, intake_errors.SourceError):
+        return SourceError(str(error))
+    if isinstance(error, intake_errors.IntakeError):
+        return SettingsError(str(error))
     if isinstance(error, redis.RedisError):
         return RedisUnavailable(f"Redis at {redacted_url(redis_url)}: {error}")
     message = str(error.args[0]) if error.args else type(error).__name__  # KeyError's str() adds quotes

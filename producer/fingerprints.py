@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 
 from inference.records import Prompt, row_place
-from producer.prompt_ids import HASHED_ID_PREFIX, hashed_id
+from intake.prompt_ids import HASHED_ID_PREFIX, hashed_id
 from workers.state.keys import FINGERPRINT_BUCKETS
 
 FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart

@@ -1,7 +1,7 @@
 """Publishing batch messages fast: a few threads, each holding a producer (connection) for its life.
 
 A publish through Celery on Redis is two round trips and some Python; threads overlap the waits.
-The producer sends no task-sent events: Flower still sees every task once a worker receives it.
+Its app (`sending_app`) sends no task-sent events: Flower still sees every task once a worker receives it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ PUBLISH_THREADS = 4
 
 class BatchPublisher:
     def __init__(self, app: Celery, *, threads: int = PUBLISH_THREADS) -> None:
-        app.conf.task_send_sent_event = False
         self._app = app
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="publish")
         self._local = threading.local()

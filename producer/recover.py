@@ -16,9 +16,9 @@ import msgspec
 import redis
 
 from inference.records import DeadLetter
+from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.fingerprints import Fingerprint, fingerprint_bucket
-from producer.rows import rejection_key
 from workers.errors import ObjectMissing
 from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry

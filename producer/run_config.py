@@ -1,21 +1,22 @@
 """A run's generation settings from three layers: what is pinned (or the defaults), a TOML file, options.
 
 An existing run's pinned settings are the base, so re-running `enqueue` without options changes
-nothing; only what the user states explicitly can differ, and a difference is refused.
+nothing; only what the user states explicitly can differ, and a difference is refused. The file and the
+options are read, and each value checked on its own, in intake/run_file.py.
 """
 
 from __future__ import annotations
 
-import math
-import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from inference.records import SamplingSettings
-from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_flag, sampling_problem
+from intake.errors import SettingsFileError
+from intake.run_file import GATE_FIELDS, SAMPLING_FIELDS, check_stated, check_values, read_toml, stated_values
 from producer.errors import OutputError, SettingsError
 from workers.errors import UnsupportedStoreUrl
 from workers.record.storage import normalise_output_url
@@ -28,53 +29,20 @@ from workers.state.runs import (
 )
 
 DEFAULT_OUTPUT = "./output"
-SAMPLING_FIELDS = frozenset(SamplingSettings.__struct_fields__)
-GATE_FIELDS = {  # option or flat key -> field of the run's quality gate
-    "gate_min_completions": "min_completions",
-    "gate_max_empty_answer_rate": "max_empty_answer_rate",
-    "gate_max_truncated_rate": "max_truncated_rate",
-}
-RUN_FIELDS = frozenset(
-    {"batch_size", "output_url", "truncated_thinking", "retry_max_tokens_cap", *GATE_FIELDS}
-)
-OPTION_FLAGS = {  # settings keys whose `enqueue` option is not simply --key-with-dashes
-    "output_url": "--output",
-    "gate_max_empty_answer_rate": "--gate-max-empty-rate",
-    "gate_max_truncated_rate": "--gate-max-truncated-rate",
-}
-# A batch is one message and one lease: it must finish far within the visibility timeout (2 h), and
-# its compressed blob stays small in Redis. 4,096 prompts of 32k tokens is already days of one GPU.
-MAX_BATCH_SIZE = 4096
-MAX_GATE_MIN_COMPLETIONS = 1_000_000  # completions: a gate that waits longer never judges a run
-RATE_FIELDS = frozenset({"gate_max_empty_answer_rate", "gate_max_truncated_rate"})
-RUN_LIMITS: dict[str, tuple[int, int, str]] = {  # key -> (lowest, highest, unit)
-    "batch_size": (1, MAX_BATCH_SIZE, "prompts per message"),
-    "gate_min_completions": (1, MAX_GATE_MIN_COMPLETIONS, "completions"),
-    "retry_max_tokens_cap": (1, MAX_TOKENS_LIMIT, "tokens"),
-}
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """Flat keys, or sampling keys under `[sampling]` and gate keys under `[gate]` (without `gate_`)."""
+@contextmanager
+def _as_settings_error() -> Iterator[None]:
     try:
-        document = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise SettingsError(f"cannot read settings file {path}: {error}") from error
-    flat = {key: value for key, value in document.items() if key not in ("sampling", "gate")}
-    flat.update(document.get("sampling", {}))
-    flat.update({f"gate_{key}": value for key, value in document.get("gate", {}).items()})
-    if "output" in flat:
-        flat["output_url"] = flat.pop("output")
-    unknown = set(flat) - SAMPLING_FIELDS - RUN_FIELDS
-    if unknown:
-        known = ", ".join(sorted(SAMPLING_FIELDS | RUN_FIELDS))
-        raise SettingsError(f"{path}: unknown settings {', '.join(sorted(unknown))} (known: {known})")
-    return flat
+        yield
+    except SettingsFileError as error:
+        raise SettingsError(str(error)) from error
 
 
-def option_flag(key: str) -> str:
-    """The `enqueue` option that sets a settings key: `top_p` -> `--top-p`."""
-    return OPTION_FLAGS.get(key) or sampling_flag(key)
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """`--config`'s flat keys (intake/run_file.py), refused as the producer's SettingsError."""
+    with _as_settings_error():
+        return read_toml(path)
 
 
 def check_stated_values(
@@ -82,8 +50,9 @@ def check_stated_values(
 ) -> None:
     """Each value the user stated, on its own: what no pinned run can make right (a NaN, a rate above 1,
     an output URL of no kind), refused before Redis or the output is even asked."""
-    stated, origins = _stated(file_values, option_values, file_label)
-    _check_values({key: value for key, value in stated.items() if key != "output_url"}, origins, False)
+    with _as_settings_error():
+        check_stated(file_values, option_values, file_label)
+    stated, origins = stated_values(file_values, option_values, file_label)
     if "output_url" in stated:
         try:
             normalise_output_url(str(stated["output_url"]))
@@ -115,7 +84,7 @@ def resolve_run_settings(
             "gate": msgspec.to_builtins(QualityGate()),
         }
     )
-    stated, origins = _stated(file_values, option_values, file_label)
+    stated, origins = stated_values(file_values, option_values, file_label)
     for key, value in stated.items():
         if key in SAMPLING_FIELDS:
             base["sampling"][key] = value
@@ -123,7 +92,8 @@ def resolve_run_settings(
             base.setdefault("gate", msgspec.to_builtins(QualityGate()))[GATE_FIELDS[key]] = value
         else:
             base[key] = value
-    _check_values(_flat_values(base), origins, pinned is not None)
+    with _as_settings_error():
+        check_values(_flat_values(base), lambda key: _where(key, origins, pinned is not None))
     try:
         base["output_url"] = normalise_output_url(str(base["output_url"]))
     except UnsupportedStoreUrl as error:
@@ -134,20 +104,6 @@ def resolve_run_settings(
         raise SettingsError(f"invalid run settings: {error}") from error
     _check_retry_cap(settings, origins)
     return settings
-
-
-def _stated(
-    file_values: Mapping[str, Any], option_values: Mapping[str, Any], file_label: str
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The values the user stated (options over the file), and where each came from, for messages."""
-    stated: dict[str, Any] = {}
-    origins: dict[str, str] = {}
-    layers = ((file_values, lambda key: f"{file_label}: {key} ="), (option_values, option_flag))
-    for layer, label in layers:
-        for key, value in layer.items():
-            if value is not None:
-                stated[key], origins[key] = value, label(key)
-    return stated, origins
 
 
 def _flat_values(base: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,27 +119,6 @@ def _where(key: str, origins: Mapping[str, str], pinned: bool) -> str:
     if key in origins:
         return origins[key]
     return f"the {'pinned' if pinned else 'default'} {key}"
-
-
-def _check_values(values: Mapping[str, Any], origins: Mapping[str, str], pinned: bool) -> None:
-    for key, value in values.items():
-        problem = sampling_problem(key, value) if key in SAMPLING_FIELDS else run_value_problem(key, value)
-        if problem is not None:
-            raise SettingsError(f"{_where(key, origins, pinned)} {value!r}: {problem}")
-
-
-def run_value_problem(key: str, value: object) -> str | None:
-    """Why a run (not sampling) setting cannot be used, or None."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "must be a finite number"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None  # a wrong type is msgspec's to name
-    if key in RATE_FIELDS and not 0 <= value <= 1:
-        return "must be a share between 0 and 1 (0.2 is 20%)"
-    limits = RUN_LIMITS.get(key)
-    if limits is not None and not limits[0] <= value <= limits[1]:
-        return f"must be between {limits[0]} and {limits[1]} {limits[2]}"
-    return None
 
 
 def _check_retry_cap(settings: RunSettings, origins: Mapping[str, str]) -> None:

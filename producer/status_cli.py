@@ -17,15 +17,15 @@ from rich.live import Live
 
 from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record, row_place
+from intake.rejected import RejectedRow
+from intake.rows import rejection_source
 from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
-from producer.rows import rejection_source
 from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status_view import clock, render_status
-from workers.record.rejections import RejectedRow
 from workers.record.storage import normalise_output_url, open_store
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name

@@ -18,48 +18,21 @@ from workers.bootsteps.heartbeat_step import HeartbeatStep
 from workers.bootsteps.liveness_step import LivenessStep
 from workers.bootsteps.reconciler_step import ReconcilerStep
 from workers.bootsteps.seating import seat_generate_worker
-from workers.broker_tls import broker_use_ssl
-from workers.broker_transport import use_for_redis_urls
 from workers.context import ContextHolder, WorkerContext
 from workers.flower_guard import install_flower_guard
 from workers.settings import WorkerSettings
+from workers.state.broker import broker_config, new_app
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.state.queues import GENERATE_QUEUE
 from workers.tasks import register_tasks
-
-UNACKED_RESTORE_THROTTLE = 1  # sweep on every interval, not every 10th (kombu's default)
-BROKER_SOCKET_TIMEOUT_S = 30
-BROKER_CONNECT_TIMEOUT_S = 5
-BROKER_HEALTH_CHECK_INTERVAL_S = 25
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
+    """The broker's configuration (workers/state/broker.py) and what a consuming worker adds to it."""
     return {
-        "broker_url": settings.redis_url,
-        "broker_use_ssl": broker_use_ssl(settings.redis_url),
-        "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout_s,
-            "unacked_restore_interval": settings.unacked_restore_interval_s,
-            "unacked_restore_throttle": UNACKED_RESTORE_THROTTLE,
-            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
-            "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
-            "health_check_interval": BROKER_HEALTH_CHECK_INTERVAL_S,
-        },
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "event_serializer": "json",
-        "accept_content": ["json"],
-        "task_ignore_result": True,
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
+        **broker_config(settings.broker),
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "task_routes": {
-            GENERATE_TASK: {"queue": GENERATE_QUEUE},
-            FLUSH_TASK: {"queue": UPLOAD_QUEUE},
-        },
-        "task_default_queue": GENERATE_QUEUE,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         # Several batches per worker share one in-flight window (see workers/generate/generation.py).
@@ -71,8 +44,7 @@ def celery_config(settings: WorkerSettings) -> dict[str, Any]:
 def make_app(
     settings: WorkerSettings, context_factory: Callable[[WorkerSettings], WorkerContext] = WorkerContext
 ) -> Celery:
-    use_for_redis_urls()
-    app = Celery("draftgen")
+    app = new_app(settings.broker)
     app.conf.update(celery_config(settings))
     contexts = ContextHolder(settings, context_factory, CeleryDispatcher(app))
     app.draftgen = contexts

@@ -25,6 +25,7 @@ from workers.recovery.reconciler import (
     DEFAULT_STRANDED_GRACE_S,
     ReconcileSettings,
 )
+from workers.state.broker import BrokerOptions
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -105,6 +106,10 @@ class WorkerSettings:
             connect_timeout_s=self.connect_timeout_s,
             max_connections=self.max_in_flight * 2,
         )
+
+    @property
+    def broker(self) -> BrokerOptions:
+        return BrokerOptions(self.redis_url, self.visibility_timeout_s, self.unacked_restore_interval_s)
 
     def reconcile_settings(self) -> ReconcileSettings:
         return ReconcileSettings(

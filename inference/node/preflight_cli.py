@@ -12,12 +12,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -29,14 +28,12 @@ from inference.node.preflight.judging import Level, Verdict
 from inference.node.preflight.outcomes import PromptOutcome
 from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
 from inference.node.preflight.report import PreflightReport, report_to_json
-from inference.node.preflight.run_files import registered_run_files
+from inference.node.preflight.run_files import run_prompts, run_sampling
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
 from inference.records import SamplingSettings
 from inference.sampling_options import (
     SAMPLING_OPTION_NAMES,
     add_sampling_options,
-    sampling_flag,
-    sampling_problem,
 )
 
 REPORT_WIDTH_COLUMNS = 120
@@ -108,25 +105,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
     """Defaults, then the TOML file, then the options: the layering `enqueue` uses for a new run."""
-    options = {name: getattr(args, name) for name in SAMPLING_OPTION_NAMES}
-    if args.config is None:
-        return _sampling_from_values(options)
-    return registered_run_files().sampling(args.config, options)
-
-
-def _sampling_from_values(values: Mapping[str, Any]) -> SamplingSettings:
-    given = {name: value for name, value in values.items() if value is not None}
-    for name, value in given.items():
-        problem = sampling_problem(name, value)
-        if problem is not None:  # what SGLang would answer 400 to, said before any request
-            raise OptionError(f"{sampling_flag(name)} {value!r}: {problem}")
-    try:
-        sampling = msgspec.convert(
-            {**msgspec.to_builtins(SamplingSettings()), **given}, type=SamplingSettings
-        )
-    except msgspec.ValidationError as error:
-        raise OptionError(f"invalid run settings: {error}") from error
-    return sampling
+    return run_sampling(args.config, {name: getattr(args, name) for name in SAMPLING_OPTION_NAMES})
 
 
 def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
@@ -134,7 +113,7 @@ def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
         raise OptionError(f"--count must be at least 1, got {args.count}")
     if args.prompts is None:
         return _builtin_prompts(args.count)
-    return registered_run_files().prompts(args.prompts, args.count)
+    return run_prompts(args.prompts, args.count)
 
 
 def _builtin_prompts(count: int) -> list[PreflightPrompt]:

@@ -61,8 +61,8 @@ from typing import Any
 
 from inference.quality import FINISH_LENGTH
 from inference.records import Completion, Quality
+from intake.rows import ASSISTANT, SYSTEM, USER
 from producer.export.errors import MissingTokenIds, UnknownRole
-from producer.rows import ASSISTANT, SYSTEM, USER
 
 Row = dict[str, Any]  # JSON-ready: str, int, float, bool, None, lists and dicts of them
 TokenCounter = Callable[[str], int]  # text -> its number of tokens under the target's tokenizer

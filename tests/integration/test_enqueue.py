@@ -13,9 +13,9 @@ import redis
 
 from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
+from intake.reading import iter_prompts
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy, SettingsError
-from producer.reading import iter_prompts
 from producer.recover import recover_run, write_run_settings
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore

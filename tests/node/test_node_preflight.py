@@ -18,7 +18,6 @@ from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.errors import OptionError
-from inference.node.preflight import run_files
 from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
 from inference.node.preflight.outcomes import (
     PromptOutcome,
@@ -29,11 +28,9 @@ from inference.node.preflight.outcomes import (
     summarize,
 )
 from inference.node.preflight.report import build_report
-from inference.node.preflight.run_files import registered_run_files
 from inference.node.preflight_cli import sampling_from_args
 from inference.records import SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from producer.preflight_files import ProducerRunFiles
 
 URL = "http://gpu-0:30000"
 BUDGET = 4096
@@ -375,23 +372,6 @@ def test_the_run_toml_is_read_like_enqueue_reads_it_and_options_override_it(tmp_
     sampling = sampling_from_args(args)
 
     assert (sampling.model, sampling.max_tokens, sampling.temperature) == ("Qwen3.6-27B", 16384, 0.7)
-
-
-def test_the_run_files_are_read_by_the_producer_registered_under_the_entry_point() -> None:
-    assert isinstance(registered_run_files(), ProducerRunFiles)
-
-
-def test_without_the_producer_installed_a_run_file_is_a_usage_error_that_says_what_to_install(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(run_files, "entry_points", lambda group: [])
-    config = tmp_path / "run.toml"
-    config.write_text("max_tokens = 8192\n")
-
-    exit_code = main(["preflight", "--url", URL, "--config", str(config)])
-
-    assert exit_code == EXIT_USAGE
-    assert "install the draftgen package" in capsys.readouterr().err
 
 
 def test_a_value_sglang_would_refuse_is_a_usage_error_not_a_traceback(

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producer.input_stores import READ_BUFFER_BYTES
-from producer.reading import iter_prompts
+from intake.input_stores import READ_BUFFER_BYTES
+from intake.reading import iter_prompts
 
 ROW_COUNT = 100_000
 PARQUET_ROWS_PER_GROUP = 5_000
@@ -39,7 +39,7 @@ MEMORY_PROFILE_SCRIPT = textwrap.dedent(
     """
     import resource, sys
     import pyarrow
-    from producer.reading import iter_prompts
+    from intake.reading import iter_prompts
 
     def peak_kib():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

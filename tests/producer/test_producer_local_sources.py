@@ -13,10 +13,10 @@ import pytest
 from producer_test_data import WriteHuggingFaceDataset, WriteJsonl, WriteParquet, jsonl_lines
 
 from inference.records import Message, Prompt
-from producer.errors import SourceError
-from producer.input_files import SourceRow, open_rows
-from producer.reading import PROMPT_COLUMNS, iter_prompts
-from workers.record.rejections import RejectedRow
+from intake.errors import SourceError
+from intake.input_files import SourceRow, open_rows
+from intake.reading import PROMPT_COLUMNS, iter_prompts
+from intake.rejected import RejectedRow
 
 if sys.version_info >= (3, 14):
     from compression import zstd

@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from inference.records import Message, Prompt
+from intake.prompt_ids import MAX_ID_CHARS, hashed_id
+from intake.rejected import RejectedRow
+from intake.rows import parse_row
 from producer.fingerprints import Fingerprint
-from producer.prompt_ids import MAX_ID_CHARS, hashed_id
-from producer.rows import parse_row
 from workers.record.enqueued import decode_enqueued
-from workers.record.rejections import RejectedRow
 
 
 def id_of(raw: object) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from inference.records import Message, Prompt
-from producer.rows import parse_row
-from workers.record.rejections import RejectedRow
+from intake.rejected import RejectedRow
+from intake.rows import parse_row
 
 ROW = 7
 

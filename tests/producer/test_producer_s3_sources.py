@@ -15,9 +15,9 @@ from botocore.exceptions import ResponseStreamingError
 from producer_test_data import WriteHuggingFaceDataset
 
 from inference.records import Message, Prompt
-from producer.errors import SourceError
-from producer.reading import iter_prompts
-from workers.record.rejections import RejectedRow
+from intake.errors import SourceError
+from intake.reading import iter_prompts
+from intake.rejected import RejectedRow
 
 if sys.version_info >= (3, 14):
     from compression import zstd
@@ -154,7 +154,7 @@ class ClientWithFlakyStreams:
 def test_a_dropped_connection_resumes_at_the_same_byte_and_loses_no_row(
     put_jsonl: PutJsonl, s3_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("producer.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr("intake.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
     url = put_jsonl(ROWS)
     flaky = ClientWithFlakyStreams(s3_client, limit=300, breaks=2, before_reopen=lambda: None)
     assert ids_of(read(url, flaky)) == EXPECTED_IDS
@@ -164,7 +164,7 @@ def test_a_dropped_connection_resumes_at_the_same_byte_and_loses_no_row(
 def test_an_object_overwritten_while_being_read_is_a_source_error_not_a_spliced_read(
     put_jsonl: PutJsonl, s3_client: Any, bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("producer.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr("intake.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
     url = put_jsonl(ROWS)
 
     def overwrite() -> None:
@@ -178,7 +178,7 @@ def test_an_object_overwritten_while_being_read_is_a_source_error_not_a_spliced_
 def test_a_connection_that_keeps_dropping_ends_in_a_source_error(
     put_jsonl: PutJsonl, s3_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("producer.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
+    monkeypatch.setattr("intake.input_stores.BODY_RESUME_BASE_DELAY_S", 0.0)
     flaky = ClientWithFlakyStreams(s3_client, limit=0, breaks=100, before_reopen=lambda: None)
     with pytest.raises(SourceError, match="read failed at byte 0 after 5 attempts"):
         read(put_jsonl(ROWS), flaky)

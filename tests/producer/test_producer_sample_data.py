@@ -7,7 +7,7 @@ from collections import Counter
 from sample_prompts_builder import SAMPLE_PATH, SAMPLE_SIZE, sample_jsonl_text
 
 from inference.records import Prompt
-from producer.reading import iter_prompts
+from intake.reading import iter_prompts
 
 
 def test_the_bundled_sample_is_exactly_what_its_builder_writes() -> None:

@@ -13,8 +13,8 @@ import redis
 from kombu import Connection, Exchange, Queue
 
 from workers.app import make_app
-from workers.broker_transport import TRANSPORT_PATH, Transport
 from workers.settings import WorkerSettings
+from workers.state.broker_transport import TRANSPORT_PATH, Transport
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
 QUEUE_NAME = "broker-transport-test"

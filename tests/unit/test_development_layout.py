@@ -6,8 +6,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("inference", "workers", "producer", "devstack")
-BULLET = re.compile(r"^- `(\w+)/`: (.*?)(?=^- |\Z)", re.MULTILINE | re.DOTALL)
+PACKAGES = (
+    "inference",
+    "intake",
+    "inference/node",
+    "workers",
+    "producer",
+    "devstack",
+)  # tests/unit/test_layers.py
+BULLET = re.compile(r"^- `([\w/]+?)/`: (.*?)(?=^- |\Z)", re.MULTILINE | re.DOTALL)
 NAMED = re.compile(r"`([\w/.]+(?:\.py|/))`")
 
 

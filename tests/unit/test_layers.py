@@ -1,5 +1,6 @@
-"""The layers stay layered: inference lowest, workers below producer, devstack (dev tooling) above all,
-no import circle (not even through an import inside a function), no Celery app where none is needed."""
+"""The layers stay layered: inference's core lowest, then what a run reads (intake), the node tools, workers,
+the producer, devstack (dev tooling) above all; no import circle (not even through an import inside a
+function), no Celery app where none is needed."""
 
 from __future__ import annotations
 
@@ -11,22 +12,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # The modules that exist to talk to Celery (or are the processes' edges); every other may not build an app.
 MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
-FORBIDDEN_BELOW = {
-    "inference": {"workers", "producer", "devstack"},
-    "workers": {"producer", "devstack"},
-    "producer": {"devstack"},  # development tooling is not shipped: nothing shipped may need it
-}
+# The layers, lowest first: each imports only itself and the layers before it. A module is in the layer of
+# the longest name it starts with: the node tools (`inference.node`) stand on what a run reads (`intake`),
+# which stands on the core of `inference`.
+LAYERS = ("inference", "intake", "inference.node", "workers", "producer", "devstack")
+PACKAGES = ("inference", "intake", "workers", "producer", "devstack")
 
 
-def imported_packages(path: Path) -> set[str]:
+def layer_of(module: str) -> str | None:
+    matches = [layer for layer in LAYERS if module == layer or module.startswith(layer + ".")]
+    return max(matches, key=len, default=None)
+
+
+def imported_names(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
 def modules_of(package: str) -> list[str]:
@@ -39,9 +49,11 @@ def modules_of(package: str) -> list[str]:
 def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = sorted(
         (str(path.relative_to(ROOT)), imported)
-        for package, above in FORBIDDEN_BELOW.items()
+        for package in PACKAGES
         for path in (ROOT / package).rglob("*.py")
-        for imported in imported_packages(path) & above
+        for imported in imported_names(path)
+        if (above := layer_of(imported)) is not None
+        and LAYERS.index(above) > LAYERS.index(layer_of(module_name(path)) or package)
     )
     assert upward == []
 
@@ -55,14 +67,11 @@ WORKERS_ROOMS: dict[str, set[str]] = {
     "workers.recovery": {"workers.state"},
     "workers.generate": {"workers.state", "workers.recovery"},
 }
-# What the producer may import of workers: the floor, the run state and the output record. And, named one
-# by one until they move below: the next step of docs/layers.md.
-PRODUCER_SEES = {"workers.state", "workers.record"}
-PRODUCER_ALSO_IMPORTS = {
-    "workers.settings",  # the environment's names and the Redis default, shared by both sides
-    "workers.app",  # enqueue builds an app to publish its first messages
-    "workers.recovery.reconciler",  # enqueue dispatches a run's stranded batches again
-}
+# What the producer may import of workers: the floor, the rooms below the Celery edge that it uses (the
+# run state and its broker, the output record, recovery for a re-run's stranded batches), and the one
+# reader of the DRAFTGEN_* environment both sides share.
+PRODUCER_SEES = {"workers.state", "workers.record", "workers.recovery"}
+PRODUCER_ALSO_IMPORTS = {"workers.settings"}
 
 
 def room_of(module: str) -> str:
@@ -94,7 +103,7 @@ def test_each_workers_room_imports_only_the_rooms_below_it() -> None:
     assert crossings == []
 
 
-def test_the_producer_imports_workers_only_through_the_state_and_the_output_record() -> None:
+def test_the_producer_imports_workers_only_through_its_rooms_and_the_environment_reader() -> None:
     crossings = sorted(
         (str(path.relative_to(ROOT)), imported)
         for path in (ROOT / "producer").rglob("*.py")
@@ -146,7 +155,7 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_module_imports_itself_back_through_others() -> None:
     paths = {
         name: ROOT / (name.replace(".", "/") + ".py")
-        for package in ("inference", "workers", "producer", "devstack")
+        for package in PACKAGES
         for name in modules_of(package)
     }
     paths = {
@@ -161,7 +170,8 @@ def test_no_module_imports_itself_back_through_others() -> None:
 def test_importing_any_module_that_does_not_send_messages_builds_no_celery_app() -> None:
     modules = [
         name
-        for name in modules_of("producer") + modules_of("workers") + modules_of("inference")
+        for package in PACKAGES[:-1]
+        for name in modules_of(package)
         if name not in MODULES_THAT_NEED_AN_APP and not name.endswith("__main__")  # those run a command
     ]
     probe = (

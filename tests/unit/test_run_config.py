@@ -5,7 +5,7 @@ import pytest
 
 from inference.records import SamplingSettings
 from producer.errors import SettingsError
-from producer.run_config import read_toml, resolve_run_settings
+from producer.run_config import read_settings_file, resolve_run_settings
 from workers.errors import InvalidRunName
 from workers.state.keys import check_run_name
 from workers.state.runs import RunSettings, differences
@@ -15,7 +15,10 @@ def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) 
     config = tmp_path / "run.toml"
     config.write_text('output = "s3://bucket/runs"\n[sampling]\ntemperature = 0.7\nmax_tokens = 4096\n')
     settings = resolve_run_settings(
-        "r1", pinned=None, file_values=read_toml(config), option_values={"max_tokens": 8192, "top_k": None}
+        "r1",
+        pinned=None,
+        file_values=read_settings_file(config),
+        option_values={"max_tokens": 8192, "top_k": None},
     )
     assert settings.sampling.temperature == 0.7
     assert settings.sampling.max_tokens == 8192
@@ -50,7 +53,25 @@ def test_an_unknown_key_in_the_file_is_refused_by_name(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text("temprature = 0.7\n")
     with pytest.raises(SettingsError, match="unknown settings temprature"):
-        read_toml(config)
+        read_settings_file(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b"sampling = 3\n", "sampling must be a [sampling] table"),
+        (b"gate = 'strict'\n", "gate must be a [gate] table"),
+        (b"\xff\xfe max_tokens = 1\n", "cannot read settings file"),
+    ],
+    ids=["sampling not a table", "gate not a table", "not UTF-8"],
+)
+def test_a_settings_file_of_the_wrong_shape_is_refused_naming_it(
+    tmp_path: Path, text: bytes, words: str
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_bytes(text)
+    with pytest.raises(SettingsError, match=re.escape(words)):
+        read_settings_file(config)
 
 
 def test_a_wrong_type_is_refused() -> None:

@@ -14,5 +14,5 @@ outcomes.py   what was observed: PromptOutcome per prompt, ServerReading from `/
 judging.py    the rules: findings (Level, Finding), `judge`, `verdict_of`, `suggest_max_tokens`
 report.py     PreflightReport, `build_report` and `report_to_json`
 run.py        the I/O: `run_preflight` and `fetch_server_info`
-run_files.py  `--config` and `--prompts`: the producer's readers, found through an entry point
+run_files.py  `--config` and `--prompts`, read by intake as `enqueue` reads them
 """

@@ -1,42 +1,52 @@
-"""A run's own files for preflight: `--config run.toml` and `--prompts DATA`, read by the producer.
+"""A run's own files for preflight: `--config run.toml` and `--prompts DATA`, read as `enqueue` reads them.
 
-The producer reads those files for `enqueue` (its settings layering, its JSONL/Parquet/S3 readers);
-preflight must read them the same way, yet the GPU-node tools sit below the producer and import none
-of it. So the producer registers its readers under the entry point group below (pyproject.toml), and
-preflight finds them there only when a file is given.
+The reading is intake's (intake/run_file.py and intake/reading.py), the same code `enqueue` runs, so a
+verdict on these files is a verdict on what the run will send; its refusals become option errors here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any
 
 from inference.node.errors import OptionError
 from inference.node.preflight.prompts import PreflightPrompt
 from inference.records import SamplingSettings
-
-RUN_FILES_GROUP = "draftgen.run_files"
-
-
-class RunFiles(Protocol):
-    """Reads what a run reads. Both raise OptionError naming the option and the reason."""
-
-    def sampling(self, config: Path, options: Mapping[str, Any]) -> SamplingSettings:
-        """The settings enqueue would pin: defaults, then the file, then the options given."""
-        ...
-
-    def prompts(self, data: str, count: int) -> list[PreflightPrompt]:
-        """The first `count` usable prompts of DATA (rejected rows are skipped with a line on stderr)."""
-        ...
+from intake.errors import IntakeError, SourceError
+from intake.rejected import RejectedRow
+from intake.run_file import read_toml, stated_sampling
 
 
-def registered_run_files() -> RunFiles:
-    found = sorted(entry_points(group=RUN_FILES_GROUP), key=lambda point: point.name)
-    if not found:
-        raise OptionError(
-            "--config and --prompts are read by draftgen's producer, which is not installed with this "
-            "copy of the node tools: install the draftgen package (pip install -e /path/to/draftgen)"
-        )
-    return cast(RunFiles, found[0].load())
+def run_sampling(config: Path | None, options: Mapping[str, Any]) -> SamplingSettings:
+    """The sampling `enqueue` would pin for a new run: defaults, then the file, then the options given."""
+    try:
+        if config is None:
+            return stated_sampling({}, options)
+        return stated_sampling(read_toml(config), options, file_label=str(config))
+    except IntakeError as error:
+        raise OptionError(str(error)) from error
+
+
+def run_prompts(data: str, count: int) -> list[PreflightPrompt]:
+    """The first `count` usable prompts of DATA (a rejected row is skipped with a line on stderr)."""
+    from intake.reading import iter_prompts  # pyarrow loads only when a file is read, not for --help
+
+    prompts: list[PreflightPrompt] = []
+    try:
+        items = iter_prompts(data)
+        with contextlib.closing(items):  # closing the generator releases the file or connection
+            for item in items:
+                if isinstance(item, RejectedRow):
+                    print(f"--prompts: skipping {item.describe()}", file=sys.stderr)
+                    continue
+                prompts.append(PreflightPrompt(item.place(), item.messages))
+                if len(prompts) == count:
+                    break
+    except SourceError as error:
+        raise OptionError(f"--prompts {data}: {error}") from error
+    if not prompts:
+        raise OptionError(f"--prompts {data} holds no usable prompt")
+    return prompts

@@ -21,7 +21,7 @@ import redis.exceptions
 from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
 
-TRANSPORT_PATH = "workers.broker_transport:Transport"
+TRANSPORT_PATH = "workers.state.broker_transport:Transport"
 REDIS_SCHEMES = ("redis", "rediss")
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from inference.records import Message, Prompt
-from producer.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
-from workers.record.rejections import RejectedRow
+from intake.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
+from intake.rejected import RejectedRow
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
 

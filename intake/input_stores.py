@@ -1,7 +1,7 @@
 """Where the files of a DATA argument are: the local file system or one S3 bucket.
 
 An S3 object is streamed, never downloaded whole; a dropped connection resumes at the same byte,
-pinned to the object's ETag. `producer/input_files.py` finds the data files and reads their rows.
+pinned to the object's ETag. `intake/input_files.py` finds the data files and reads their rows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from inference.backoff import backoff_delay_s
 from inference.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, parse_s3_url, s3_client
-from producer.errors import SourceError
+from intake.errors import SourceError
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer

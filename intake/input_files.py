@@ -22,7 +22,7 @@ all raises `SourceError`. Opening is eager (a missing file fails at the call, no
 row); reading is lazy. A file that breaks part-way (a truncated .gz, a corrupt Parquet page) raises
 `SourceError` naming the last row read: the rows before it were good and stay yielded.
 
-Where the files are (a folder, an S3 bucket) is `producer/input_stores.py`; this module finds the
+Where the files are (a folder, an S3 bucket) is `intake/input_stores.py`; this module finds the
 data files among them and reads their rows.
 """
 
@@ -44,8 +44,8 @@ from botocore.exceptions import BotoCoreError
 
 from inference.s3 import S3_SCHEME
 from inference.safe_paths import stays_inside
-from producer.errors import SourceError
-from producer.input_stores import (
+from intake.errors import SourceError
+from intake.input_stores import (
     InputFiles,
     LocalInputFiles,
     S3ClientFactory,

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 
 from inference.records import Prompt
-from producer.input_files import ColumnSelection, SourceRow, UnreadableRow, open_rows
-from producer.input_stores import S3ClientFactory, default_s3_client
-from producer.rows import FORMAT_FIELDS, ROW_FIELDS, parse_row
-from workers.record.rejections import RejectedRow
+from intake.input_files import ColumnSelection, SourceRow, UnreadableRow, open_rows
+from intake.input_stores import S3ClientFactory, default_s3_client
+from intake.rejected import RejectedRow
+from intake.rows import FORMAT_FIELDS, ROW_FIELDS, parse_row
 
 PROMPT_COLUMNS = ColumnSelection(wanted=ROW_FIELDS, need_one_of=FORMAT_FIELDS)
 

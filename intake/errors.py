@@ -1,0 +1,24 @@
+"""Errors of what a run reads, one tree. A bad row never raises: it becomes a `RejectedRow`.
+
+IntakeError             retrying cannot help: what the user gave must change
+├── SourceError         DATA cannot be read at all (missing, empty, unknown type, unreadable)
+└── SettingsFileError   the settings file cannot be read, or a value stated in it or as an option is invalid
+
+The producer reports them as its usage errors (producer/errors.py), preflight as option errors.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class IntakeError(Exception):
+    retry_helps: ClassVar[bool] = False
+
+
+class SourceError(IntakeError):
+    """The DATA argument cannot be read at all: the whole source is unusable, not one row."""
+
+
+class SettingsFileError(IntakeError):
+    """The run's settings file or a value the user stated for it is invalid."""

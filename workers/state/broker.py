@@ -1,0 +1,77 @@
+"""How draftgen's messages travel: the broker connection, its transport options and the routes, the one
+configuration both the workers' app and a process that only sends messages (`enqueue`) are built from.
+
+`sending_app` is the app of a sender: no tasks, no bootsteps, no signal handlers; it routes a task name
+to its queue exactly as the workers' app does, so a message it sends is one the workers consume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from workers.state.broker_tls import broker_use_ssl
+from workers.state.broker_transport import use_for_redis_urls
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+
+if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
+    from celery import Celery
+
+APP_NAME = "draftgen"
+UNACKED_RESTORE_THROTTLE = 1  # sweep on every interval, not every 10th (kombu's default)
+BROKER_SOCKET_TIMEOUT_S = 30
+BROKER_CONNECT_TIMEOUT_S = 5
+BROKER_HEALTH_CHECK_INTERVAL_S = 25
+
+
+@dataclass(frozen=True)
+class BrokerOptions:
+    redis_url: str
+    visibility_timeout_s: int
+    unacked_restore_interval_s: int
+
+
+def broker_config(options: BrokerOptions) -> dict[str, Any]:
+    """Celery settings of the connection and of the messages themselves: JSON only, late acks, routes."""
+    return {
+        "broker_url": options.redis_url,
+        "broker_use_ssl": broker_use_ssl(options.redis_url),
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            "visibility_timeout": options.visibility_timeout_s,
+            "unacked_restore_interval": options.unacked_restore_interval_s,
+            "unacked_restore_throttle": UNACKED_RESTORE_THROTTLE,
+            "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
+            "health_check_interval": BROKER_HEALTH_CHECK_INTERVAL_S,
+        },
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_routes": {
+            GENERATE_TASK: {"queue": GENERATE_QUEUE},
+            FLUSH_TASK: {"queue": UPLOAD_QUEUE},
+        },
+        "task_default_queue": GENERATE_QUEUE,
+    }
+
+
+def new_app(options: BrokerOptions) -> Celery:
+    """A Celery app on draftgen's broker, with draftgen's transport; the caller adds what it runs."""
+    from celery import Celery
+
+    use_for_redis_urls()
+    app = Celery(APP_NAME)
+    app.conf.update(broker_config(options))
+    return app
+
+
+def sending_app(options: BrokerOptions) -> Celery:
+    """An app that only sends: it announces no sent events (Flower sees each task once a worker has it)."""
+    app = new_app(options)
+    app.conf.task_send_sent_event = False
+    return app
