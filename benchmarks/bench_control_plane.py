@@ -17,6 +17,7 @@ Last line: control_plane_cps=<committed completions per second, enqueue end to l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -75,13 +76,19 @@ def main() -> int:
         max_running_requests=1024,
         request_log_size=1,
     )
-    with tempfile.TemporaryDirectory() as scratch, SimulatorProcess(sim_settings) as sim:
+    # One server per generate worker, as on a fleet: a worker takes its server's seat (recovery/seat.py).
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as servers:
+        sims = [servers.enter_context(SimulatorProcess(sim_settings)) for _ in range(args.workers)]
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
         redis_url = redis_process.url
         client = redis.Redis.from_url(redis_url)
-        env = worker_env(redis_url, {"DRAFTGEN_SERVER_URL": sim.url})
-        workers = [start_celery_worker(f"cp{i}", "generate", env, logs) for i in range(args.workers)]
+        workers = [
+            start_celery_worker(
+                f"cp{i}", "generate", worker_env(redis_url, {"DRAFTGEN_SERVER_URL": sim.url}), logs
+            )
+            for i, sim in enumerate(sims)
+        ]
         workers.append(start_celery_worker("cp-up", "upload", worker_env(redis_url), logs, concurrency=1))
         try:
             settings = RunSettings(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workers.state.broker_tls import broker_use_ssl
-from workers.state.broker_transport import use_for_redis_urls
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
@@ -63,6 +62,8 @@ def broker_config(options: BrokerOptions) -> dict[str, Any]:
 def new_app(options: BrokerOptions) -> Celery:
     """A Celery app on draftgen's broker, with draftgen's transport; the caller adds what it runs."""
     from celery import Celery
+
+    from workers.state.broker_transport import use_for_redis_urls  # kombu, like Celery, only here
 
     use_for_redis_urls()
     app = Celery(APP_NAME)
