@@ -106,20 +106,20 @@ def check_values(values: Mapping[str, Any], where: Callable[[str], str]) -> None
 
 def check_stated(
     file_values: Mapping[str, Any], option_values: Mapping[str, Any], file_label: str = "the settings file"
-) -> None:
-    """Each value the user stated, on its own: what no pinned run can make right (a NaN, a rate above 1)."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each value the user stated, on its own: what no pinned run can make right (a NaN, a rate above 1).
+    Returns the stated values and where each came from (`stated_values`)."""
     stated, origins = stated_values(file_values, option_values, file_label)
-    check_values(
-        {key: value for key, value in stated.items() if key not in UNCHECKED_HERE}, origins.__getitem__
-    )
+    checked = {key: value for key, value in stated.items() if key not in UNCHECKED_HERE}
+    check_values(checked, origins.__getitem__)
+    return stated, origins
 
 
 def stated_sampling(
     file_values: Mapping[str, Any], option_values: Mapping[str, Any], file_label: str = "the settings file"
 ) -> SamplingSettings:
     """The sampling a new run would pin: the defaults, then the file, then the options."""
-    check_stated(file_values, option_values, file_label)
-    stated, _ = stated_values(file_values, option_values, file_label)
+    stated, _ = check_stated(file_values, option_values, file_label)
     sampling = {key: value for key, value in stated.items() if key in SAMPLING_FIELDS}
     try:
         return msgspec.convert({**msgspec.to_builtins(SamplingSettings()), **sampling}, type=SamplingSettings)

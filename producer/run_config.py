@@ -51,8 +51,7 @@ def check_stated_values(
     """Each value the user stated, on its own: what no pinned run can make right (a NaN, a rate above 1,
     an output URL of no kind), refused before Redis or the output is even asked."""
     with _as_settings_error():
-        check_stated(file_values, option_values, file_label)
-    stated, origins = stated_values(file_values, option_values, file_label)
+        stated, origins = check_stated(file_values, option_values, file_label)
     if "output_url" in stated:
         try:
             normalise_output_url(str(stated["output_url"]))
