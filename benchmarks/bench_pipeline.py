@@ -6,19 +6,22 @@ side by side in one run:
   - capacity: the server's own output tokens/s with every slot busy (stated by the simulator);
   - asyncio-48: a plain asyncio client with a fixed 48-request window (what peer scripts do);
   - one-batch: a generate worker that holds one batch of 48 at a time (slots drain at each batch's tail);
-  - pipeline: the default generate worker (batches of 32, 8 held, one shared 48-request window).
+  - pipeline: the default generate worker (batches of 32, 8 held, one shared 48-request window);
+  - conversations: the same worker on conversations of 1 to 6 user turns (uniformly, seeded), every
+    turn regenerated in order (`--turns all`): about as many requests as `--prompts`.
 Steady-state throughput is measured from the server's request log, over the span in which requests
 were still arriving (every client drains at the very end; that tail is reported apart as makespan).
 
     .venv/bin/python benchmarks/bench_pipeline.py [--prompts 480] [--speedup 20] [--length-mix reasoning]
 
-Last line: saturation=<pipeline steady tokens/s ÷ capacity>.
+Last lines: saturation=<pipeline steady tokens/s ÷ capacity>, then the same of the conversations.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import tempfile
 import time
@@ -45,6 +48,26 @@ WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client star
 RUN_TIMEOUT_S = 1800.0
 SAMPLES = 500  # instants at which the running requests are counted
 SAMPLING = SamplingSettings(model="bench", max_tokens=32768)
+MIN_TURNS, MAX_TURNS = 1, 6
+CONVERSATION_SEED = 22
+
+
+def bench_conversations(requests: int, *, seed: int = CONVERSATION_SEED) -> list[Prompt]:
+    """Conversations of MIN_TURNS to MAX_TURNS user turns, about `requests` turns in all."""
+    draw = random.Random(seed)
+    conversations: list[Prompt] = []
+    turns_so_far = 0
+    while turns_so_far < requests:
+        turns = draw.randint(MIN_TURNS, MAX_TURNS)
+        index = len(conversations)
+        messages = [
+            Message(role="user", content=f"Conversation {index}, question {turn}: explain step by step.")
+            for turn in range(1, turns + 1)
+        ]
+        ends = list(range(1, turns + 1)) if turns > 1 else []
+        conversations.append(Prompt(id=f"c{index}", messages=messages, turn_ends=ends))
+        turns_so_far += turns
+    return conversations
 
 
 def bench_prompts(count: int) -> list[Prompt]:
@@ -161,6 +184,7 @@ def main() -> int:
     parser.add_argument("--length-mix", choices=LENGTH_MIX_CHOICES, default=SINGLE)
     args = parser.parse_args()
     prompts = bench_prompts(args.prompts)
+    conversations = bench_conversations(args.prompts)
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
@@ -195,6 +219,18 @@ def main() -> int:
                             held=DEFAULT_BATCHES_IN_FLIGHT,
                         ),
                     ),
+                    (
+                        "conversations",
+                        lambda: pipeline_run(
+                            sim,
+                            redis_url,
+                            logs,
+                            conversations,
+                            run="conversations",
+                            batch_size=DEFAULT_BATCH_SIZE,
+                            held=DEFAULT_BATCHES_IN_FLIGHT,
+                        ),
+                    ),
                 ]
                 for name, go in runs:
                     sim.admin.reset_requests()
@@ -212,8 +248,14 @@ def main() -> int:
     )
     for measured in results:
         print(measured.row(capacity))
-    pipeline = next(m for m in results if m.name == "pipeline")
-    print(f"saturation={pipeline.steady_tokens_per_s / capacity:.3f}")
+    turns = sum(c.turn_count for c in conversations)
+    print(
+        f"conversations: {len(conversations)} of {MIN_TURNS}-{MAX_TURNS} turns, {turns} turns "
+        f"(seed {CONVERSATION_SEED})"
+    )
+    by_name = {m.name: m for m in results}
+    print(f"saturation={by_name['pipeline'].steady_tokens_per_s / capacity:.3f}")
+    print(f"saturation_conversations={by_name['conversations'].steady_tokens_per_s / capacity:.3f}")
     return 0
 
 

@@ -6,8 +6,11 @@ Wire records never forbid unknown fields, so a newer producer can talk to an old
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import msgspec
+
+ASSISTANT_ROLE = "assistant"
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,14 +40,44 @@ def row_place(row: int, file: str) -> str:
     return f"{file}:{row}" if file else f"row {row}"
 
 
+class Turns(enum.StrEnum):
+    """Which assistant turns of a conversation the target model writes (pinned with a run's settings)."""
+
+    ALL = "all"  # every one, turn by turn, each request holding the answers regenerated before it
+    LAST = "last"  # only the next one: one request, the history as the dataset gives it
+
+
 class Prompt(Record, frozen=True, omit_defaults=True):
+    """One row to answer. A conversation regenerated turn by turn (`Turns.ALL`, two user turns or more)
+    holds its system and user messages only, the dataset's assistant turns left out, and `turn_ends`:
+    where each turn's messages end (exclusive indexes into `messages`, the last one its length). Empty
+    `turn_ends`: one request of `messages` as they are."""
+
     id: str
     messages: list[Message]
     row: int = 0  # 1-based row number in the source, for error messages
     file: str = ""  # the file inside a folder or S3 prefix the row is in; empty for a one-file source
+    turn_ends: list[int] = []
 
     def place(self) -> str:
         return row_place(self.row, self.file)
+
+    @property
+    def turn_count(self) -> int:
+        """The requests this prompt takes: one per user turn regenerated."""
+        return len(self.turn_ends) or 1
+
+    def request_messages(self, answers: Sequence[str]) -> list[Message]:
+        """The messages of the request for turn len(answers) + 1: this conversation's messages up to the
+        end of that turn, each earlier turn followed by the answer regenerated for it."""
+        if not self.turn_ends:
+            return list(self.messages)
+        messages: list[Message] = []
+        start = 0
+        for end, answer in zip(self.turn_ends, answers, strict=False):
+            messages += [*self.messages[start:end], Message(role=ASSISTANT_ROLE, content=answer)]
+            start = end
+        return messages + self.messages[start : self.turn_ends[len(answers)]]
 
 
 class PromptBatch(Record, frozen=True):
@@ -83,7 +116,30 @@ class Origin(Record, frozen=True):
     server: str | None = None
 
 
+class Turn(Record, frozen=True):
+    """One generated assistant turn of a conversation before its last, as its own request answered it:
+    the exact ids are that request's (its prompt holds the answers before it, not their thinking)."""
+
+    reasoning_content: str | None
+    content: str
+    finish_reason: str
+    quality: Quality
+    usage: Usage
+    timings: Timings
+    max_tokens: int  # the budget this turn was answered with (budget retries double it)
+    attempt: int
+    budget_retries: int = 0
+    spec_accept_length: float | None = None
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+
+
 class Completion(Record, frozen=True):
+    """A prompt's answer. For a conversation regenerated turn by turn, it is the answer to the last
+    request, whose `messages` hold the whole conversation before it (the regenerated answers in place);
+    `earlier_turns` holds how each earlier turn was generated, and `conversation_turns` how many user
+    turns the row has (more than the generated turns when one was truncated in thinking, which stops it)."""
+
     prompt_id: str
     messages: list[Message]
     reasoning_content: str | None
@@ -103,6 +159,32 @@ class Completion(Record, frozen=True):
     # None when the server does not return them (SGLang before 0.5.23).
     prompt_token_ids: list[int] | None = None
     response_token_ids: list[int] | None = None
+    earlier_turns: list[Turn] = []
+    conversation_turns: int = 1
+
+    @property
+    def generated_turns(self) -> int:
+        return len(self.earlier_turns) + 1
+
+    def turns(self) -> list[Turn]:
+        """Every generated turn in order, this completion's own answer last."""
+        return [*self.earlier_turns, self.as_turn()]
+
+    def as_turn(self) -> Turn:
+        return Turn(
+            reasoning_content=self.reasoning_content,
+            content=self.content,
+            finish_reason=self.finish_reason,
+            quality=self.quality,
+            usage=self.usage,
+            timings=self.timings,
+            max_tokens=self.sampling.max_tokens,
+            attempt=self.attempt,
+            budget_retries=self.budget_retries,
+            spec_accept_length=self.spec_accept_length,
+            prompt_token_ids=self.prompt_token_ids,
+            response_token_ids=self.response_token_ids,
+        )
 
 
 class DeadLetterReason(enum.StrEnum):
@@ -122,3 +204,4 @@ class DeadLetter(Record, frozen=True, omit_defaults=True):
     error: str  # the server's or client's message
     attempts: int
     file: str = ""  # the prompt's file in a folder or S3 prefix (Prompt.file)
+    turn: int = 0  # the turn of a conversation that failed (1-based); 0 for a one-request prompt

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-from inference.records import Prompt
+from inference.records import Prompt, Turns
 from intake.input_files import ColumnSelection, SourceRow, UnreadableRow, open_rows
 from intake.input_stores import S3ClientFactory, default_s3_client
 from intake.rejected import RejectedRow
@@ -25,16 +25,21 @@ PROMPT_COLUMNS = ColumnSelection(wanted=ROW_FIELDS, need_one_of=FORMAT_FIELDS)
 
 
 def iter_prompts(
-    data: str, *, s3_client_factory: S3ClientFactory = default_s3_client
+    data: str, *, s3_client_factory: S3ClientFactory = default_s3_client, turns: Turns = Turns.LAST
 ) -> Generator[Prompt | RejectedRow, None, None]:
-    """Open DATA now (raising SourceError if it is unusable) and stream its rows as prompts."""
-    return prompts_of(open_rows(data, columns=PROMPT_COLUMNS, s3_client_factory=s3_client_factory))
+    """Open DATA now (raising SourceError if it is unusable) and stream its rows as prompts, built for
+    the run's `turns` (intake/rows.py)."""
+    return prompts_of(
+        open_rows(data, columns=PROMPT_COLUMNS, s3_client_factory=s3_client_factory), turns=turns
+    )
 
 
-def prompts_of(rows: Iterator[SourceRow]) -> Generator[Prompt | RejectedRow, None, None]:
+def prompts_of(
+    rows: Iterator[SourceRow], *, turns: Turns = Turns.LAST
+) -> Generator[Prompt | RejectedRow, None, None]:
     """One prompt or rejection per source row."""
     for source_row in rows:
         if isinstance(source_row.value, UnreadableRow):
             yield RejectedRow(row=source_row.row, reason=source_row.value.reason, file=source_row.file)
         else:
-            yield parse_row(source_row.value, row=source_row.row, file=source_row.file)
+            yield parse_row(source_row.value, row=source_row.row, file=source_row.file, turns=turns)

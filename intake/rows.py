@@ -13,9 +13,12 @@ A row may also carry a `system` string (LLaMA-Factory's ShareGPT layout does): w
 becomes the first turn, unless the conversation already starts with that same system turn; a
 different system turn in both places is a rejection rather than a guess.
 
-The model generates the NEXT assistant turn, so trailing assistant turns are dropped and what is
-left must end with a user turn. Every user turn must hold a non-whitespace character; contents
-are otherwise kept exactly as written (see prompt_ids.py for why nothing is stripped).
+Trailing assistant turns are dropped and what is left must end with a user turn. Then, by the run's
+`Turns`: LAST, the model writes the next assistant turn to the history as given (one request); ALL,
+the model writes every assistant turn: the dataset's assistant turns are left out, and the user turns
+they followed mark where each of the conversation's turns ends (`Prompt.turn_ends`; consecutive user
+turns are one turn, as they were one in the dataset). Every user turn must hold a non-whitespace
+character; contents are otherwise kept exactly as written (see prompt_ids.py for why nothing is stripped).
 
 Any text holding a NUL character (JSON's \\u0000) is a rejection: it is never meant as text.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from inference.records import Message, Prompt
+from inference.records import Message, Prompt, Turns
 from intake.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
 from intake.rejected import RejectedRow
 
@@ -77,8 +80,9 @@ class _Rejection(Exception):
     """Internal: carries a rejection reason out of the nested checks."""
 
 
-def parse_row(raw: object, *, row: int, file: str = "") -> Prompt | RejectedRow:
-    """Turn one decoded row into a prompt, or say by row number why it cannot be one."""
+def parse_row(raw: object, *, row: int, file: str = "", turns: Turns = Turns.LAST) -> Prompt | RejectedRow:
+    """Turn one decoded row into a prompt, or say by row number why it cannot be one. The id is the same
+    whichever `turns`: it is the row's, hashed over the conversation as the dataset gives it."""
     try:
         if not isinstance(raw, dict):
             raise _Rejection(f"row: must be a JSON object, got {_type_name(raw)}")
@@ -88,7 +92,24 @@ def parse_row(raw: object, *, row: int, file: str = "") -> Prompt | RejectedRow:
             raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
         return RejectedRow(row=row, reason=str(rejection), file=file)
-    return Prompt(id=prompt_id, messages=messages, row=row, file=file)
+    if turns is Turns.LAST:
+        return Prompt(id=prompt_id, messages=messages, row=row, file=file)
+    kept, turn_ends = turn_by_turn(messages)
+    return Prompt(id=prompt_id, messages=kept, row=row, file=file, turn_ends=turn_ends)
+
+
+def turn_by_turn(messages: Sequence[Message]) -> tuple[list[Message], list[int]]:
+    """A normalised conversation without its assistant turns, and where each of its turns ends (see
+    `Prompt.turn_ends`; empty for one turn). A turn ends at a user turn the dataset answered, and last."""
+    kept: list[Message] = []
+    ends: list[int] = []
+    for message in messages:
+        if message.role != ASSISTANT:
+            kept.append(message)
+        elif kept and kept[-1].role == USER and (not ends or ends[-1] != len(kept)):
+            ends.append(len(kept))
+    ends.append(len(kept))
+    return kept, ends if len(ends) > 1 else []
 
 
 def _normalised_messages(row: Mapping[str, object]) -> list[Message]:

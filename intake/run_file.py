@@ -29,7 +29,7 @@ GATE_FIELDS = {  # option or flat key -> field of the run's quality gate
     "gate_max_truncated_rate": "max_truncated_rate",
 }
 RUN_FIELDS = frozenset(
-    {"batch_size", "output_url", "truncated_thinking", "retry_max_tokens_cap", *GATE_FIELDS}
+    {"batch_size", "output_url", "truncated_thinking", "retry_max_tokens_cap", "turns", *GATE_FIELDS}
 )
 OPTION_FLAGS = {  # settings keys whose `enqueue` option is not simply --key-with-dashes
     "output_url": "--output",

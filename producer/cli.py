@@ -10,6 +10,7 @@ import sys
 import redis
 
 from inference.exit_codes import EXIT_INTERRUPTED
+from inference.records import Turns
 from inference.sampling_options import add_sampling_options
 from intake.errors import IntakeError
 from producer.deferred import Deferred
@@ -48,6 +49,13 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", dest="batch_size", type=int, help="prompts per message (default 32)")
     group.add_argument(
         "--output", dest="output_url", help="s3://bucket/prefix or a folder (default ./output)"
+    )
+    group.add_argument(
+        "--turns",
+        choices=[turns.value for turns in Turns],
+        help="conversations: all (default) regenerates every assistant turn in order, each request "
+        "holding the answers regenerated before it; last answers only the last user turn, the history "
+        "as the dataset gives it",
     )
     quality = parser.add_argument_group("data quality (pinned too)")
     quality.add_argument(

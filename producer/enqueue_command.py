@@ -80,6 +80,7 @@ def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
             "output_url",
             "truncated_thinking",
             "retry_max_tokens_cap",
+            "turns",
             "gate_min_completions",
             "gate_max_empty_answer_rate",
             "gate_max_truncated_rate",
@@ -133,7 +134,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
-    rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data))
+    rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data, turns=given.turns))
     items = _with_first_row(rows, args.data)  # a missing or empty input fails here
     store = checked_output_store(given.output_url)
     _write_output_settings(store, given)

@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import redis
 
@@ -30,6 +31,8 @@ from workers.state.ledger import gpu_label
 
 # Only these columns are read from each object: no text column is ever decoded.
 REPORT_COLUMNS = ("finish_reason", "quality", "usage", "timings", "origin", "spec_accept_length")
+EARLIER_TURNS = "earlier_turns"
+EARLIER_TURN_COLUMNS = ("finish_reason", "quality", "usage", "timings", "spec_accept_length")
 P95 = 95.0
 PERCENT = 100.0
 S_PER_MIN = 60.0
@@ -100,7 +103,7 @@ class RunFigures:
     run: str
     store_url: str
     objects: int
-    completions: int
+    completions: int  # generated answers: a conversation regenerated turn by turn has one per turn
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
@@ -114,6 +117,7 @@ class RunFigures:
     samples: Samples
     loss: LossStats  # loss tokens of the `ok` rows, the rows `export` hands over by default
     dead_letters: dict[str, int] | None = None  # by reason; None when Redis was not asked or reachable
+    rows: int = 0  # committed rows: prompts, or whole conversations, each one row
 
     @property
     def answer_tokens(self) -> int:
@@ -142,6 +146,7 @@ class _Accumulator:
     """Folds one object's columns at a time into running totals and compact per-completion arrays."""
 
     objects: int = 0
+    rows: int = 0
     prompt_tokens: int = 0
     finish_reasons: Counter[str] = field(default_factory=Counter)
     quality: Counter[str] = field(default_factory=Counter)
@@ -168,8 +173,10 @@ class _Accumulator:
             self.origins[key] = code
         return code
 
-    def add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table, rows: int) -> None:
+        """One object's turns (`table`, see read_report_columns) and its committed rows."""
         self.objects += 1
+        self.rows += rows
         if table.num_rows == 0:
             return
         usage = table.column("usage").combine_chunks()
@@ -226,6 +233,7 @@ class _Accumulator:
             run=run,
             store_url=store_url,
             objects=self.objects,
+            rows=self.rows,
             completions=int(samples.gpu.size),
             prompt_tokens=self.prompt_tokens,
             completion_tokens=int(samples.output_tokens.sum()),
@@ -276,9 +284,27 @@ def _floats(array: pa.Array) -> FloatArray:
     return np.asarray(array.fill_null(math.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
-def read_report_columns(data: bytes) -> pa.Table:
-    """The columns the report needs from one committed object; the texts stay compressed on disk."""
-    return pq.read_table(io.BytesIO(data), columns=list(REPORT_COLUMNS), use_threads=PARQUET_USE_THREADS)
+def read_report_columns(data: bytes) -> tuple[pa.Table, int]:
+    """The columns the report needs from one committed object, one row per generated turn (a
+    conversation's earlier turns follow the rows, with their row's origin), and its committed rows.
+    The texts stay unread."""
+    file = pq.ParquetFile(io.BytesIO(data))
+    rows = file.read(columns=list(REPORT_COLUMNS), use_threads=PARQUET_USE_THREADS)
+    if EARLIER_TURNS not in file.schema_arrow.names:  # written before conversations were regenerated
+        return rows, rows.num_rows
+    paths = [f"{EARLIER_TURNS}.list.element.{name}" for name in EARLIER_TURN_COLUMNS]
+    turns_column = file.read(columns=paths, use_threads=PARQUET_USE_THREADS).column(EARLIER_TURNS)
+    earlier = pc.list_flatten(turns_column)
+    if len(earlier) == 0:
+        return rows, rows.num_rows
+    parents = pc.list_parent_indices(turns_column)
+    turns = pa.table(
+        {
+            **{name: earlier.combine_chunks().field(name) for name in EARLIER_TURN_COLUMNS},
+            "origin": rows.column("origin").take(parents),
+        }
+    )
+    return pa.concat_tables([rows, turns.select(list(REPORT_COLUMNS))]), rows.num_rows
 
 
 def compute_figures(
@@ -293,7 +319,7 @@ def compute_figures(
     listed = completion_keys(list(read_manifest(store) if entries is None else entries))
     totals = _Accumulator()
     for index, key in enumerate(listed, start=1):
-        totals.add(read_report_columns(store.get(key)))
+        totals.add(*read_report_columns(store.get(key)))
         if on_object is not None:
             on_object(index, len(listed))
     return totals.figures(run, store.url, dead_letters)

@@ -263,10 +263,17 @@ class Row:
     value: str
 
 
+def _completions_in(figures: RunFigures) -> str:
+    if figures.rows and figures.rows < figures.completions:
+        turns = f"{figures.completions:,} assistant turns of {figures.rows:,} conversations"
+        return f"{turns} in {figures.objects:,} objects"
+    return f"{figures.completions:,} in {figures.objects:,} objects"
+
+
 def summary_rows(figures: RunFigures) -> list[Row]:
     """The summary table, in reading order; also printed by the command."""
     rows = [
-        Row("completions", f"{figures.completions:,} in {figures.objects:,} objects"),
+        Row("completions", _completions_in(figures)),
         Row(
             "span",
             f"{_duration(figures.span_s)} ({_when(figures.started_at)} to {_when(figures.finished_at)})",

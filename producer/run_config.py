@@ -23,6 +23,7 @@ from workers.record.storage import normalise_output_url
 from workers.state.runs import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_RETRY_MAX_TOKENS_CAP,
+    NEW_RUN_TURNS,
     QualityGate,
     RunSettings,
     TruncationPolicy,
@@ -81,6 +82,7 @@ def resolve_run_settings(
             "output_url": default_output,
             "batch_size": DEFAULT_BATCH_SIZE,
             "gate": msgspec.to_builtins(QualityGate()),
+            "turns": NEW_RUN_TURNS.value,
         }
     )
     stated, origins = stated_values(file_values, option_values, file_label)

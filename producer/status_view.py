@@ -105,8 +105,10 @@ def _throughput(status: RunStatus) -> RenderableType:
         _rate(whole, whole.output_tokens_per_s, 0),
     )
     table.add_row("completions", f"{recent.completions:,}", f"{whole.completions:,}")
+    if throughput.turns > whole.completions:  # conversations regenerated turn by turn
+        table.add_row("assistant turns", "", f"{throughput.turns:,}")
     mean = throughput.mean_output_tokens
-    table.add_row("mean output tokens", "", f"{mean:,.0f}" if mean is not None else ABSENT)
+    table.add_row("mean output tokens a turn", "", f"{mean:,.0f}" if mean is not None else ABSENT)
     return table
 
 

@@ -32,6 +32,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     received_at: float = 0.0  # Unix time
     first_token_at: float | None = None
     finished_at: float | None = None
+    messages: list[dict[str, Any]] | None = None  # as received, with --log-request-messages
 
 
 class RequestLog:

@@ -100,6 +100,7 @@ class _ChatCall:
         record = RequestRecord(
             rid=body.rid or uuid.uuid4().hex,
             messages_hash=messages_hash(body.messages),
+            messages=raw.get("messages") if self.state.settings.log_request_messages else None,
             max_tokens=body.max_tokens,
             max_completion_tokens=body.max_completion_tokens,
             sampling={key: raw[key] for key in RECORDED_FIELDS if key in raw},

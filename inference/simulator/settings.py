@@ -184,6 +184,10 @@ class SimulatorSettings:
     request_log_size: int = _option(
         "Finished requests kept for GET /admin/requests.", default=DEFAULT_REQUEST_LOG_SIZE
     )
+    log_request_messages: bool = _option(
+        "Keep each request's messages in GET /admin/requests too (to check what a client sent).",
+        default=False,
+    )
 
     def __post_init__(self) -> None:
         problems = [

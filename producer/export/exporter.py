@@ -35,6 +35,7 @@ from producer.export.formats import (
     prompt_tokens,
     render,
     response_tokens,
+    turn_completions,
 )
 from producer.export.loss_check import LossCheckSettings, LossStats
 from producer.export.records import ExportPlan, ExportRecord
@@ -139,14 +140,13 @@ def scan_output(
             if reason is not None:
                 continue
             kept += 1
-            counted = loss_tokens(completion, tokenizer)
-            sources[counted.source.value] = sources.get(counted.source.value, 0) + 1
-            scan.loss.add(
-                counted.count, completion.quality, reasoning_tokens=completion.usage.reasoning_tokens
-            )
-            scan.tokens.prompt += prompt_tokens(completion)
-            scan.tokens.response += response_tokens(completion)
-            scan.tokens.reasoning += completion.usage.reasoning_tokens
+            for turn in turn_completions(completion):  # the loss check counts every generated turn
+                counted = loss_tokens(turn, tokenizer)
+                sources[counted.source.value] = sources.get(counted.source.value, 0) + 1
+                scan.loss.add(counted.count, turn.quality, reasoning_tokens=turn.usage.reasoning_tokens)
+                scan.tokens.prompt += prompt_tokens(turn)
+                scan.tokens.response += response_tokens(turn)
+                scan.tokens.reasoning += turn.usage.reasoning_tokens
         scan.kept_per_part.append(kept)
         progress.advance(len(completions))
     scan.tokens.loss_sources = {source.value: sources.get(source.value, 0) for source in LossSource}
@@ -259,7 +259,10 @@ def write_shards(
                 if index not in done:
                     if writer is None:
                         writer = ShardWriter.open(shard_key(index, plan.shards, compression), compression)
-                    writer.add(render(completion, settings.format, source=source, thinking=settings.thinking))
+                    for rendered in render(
+                        completion, settings.format, source=source, thinking=settings.thinking
+                    ):
+                        writer.add(rendered)
                     if row % size == 0 or row == kept_total:
                         done[index] = writer.finish(dest)
                         writer = None

@@ -28,8 +28,19 @@ Formats (facts from the `specforge` 0.2.0 and `speculators` 0.9.0 wheels, paths 
 - `messages` (OpenAI): `{"id", "messages": [{"role", "content"[, "reasoning_content"]}], "run",
   "part"}`; `reasoning_content` is SGLang's and the Qwen chat templates' name.
 
-Multi-turn prompts. The completion is the last assistant turn; earlier assistant turns come from
-the prompt and carry no reasoning (their `reasoning_content` is ""). Qwen3 templates render an
+Conversations regenerated turn by turn (`--turns all`, the default). Every assistant turn is the
+target's, with its reasoning: `specforge`, `sharegpt` and `messages` emit the whole conversation in
+one row, `reasoning_content` on every assistant turn (or `<think>` inlined on each with `--thinking
+tags`). `speculators` emits one row per generated turn, `id` `<prompt id>/turn-<j>`, each with the exact
+ids of that turn's own request and loss 1 over that turn's generated ids: the turns' ids do not
+concatenate into one sequence, because a later request holds the earlier answers without their
+thinking (the Qwen3 templates drop it, so the server's prompt ids of turn j+1 are not turn j's prompt
+and response ids), and a row whose loss spans tokens the server never sampled in that context would
+train the drafter on a sequence the target did not produce.
+
+Multi-turn prompts answered at the last turn only (`--turns last`). The completion is the last
+assistant turn; earlier assistant turns come from the prompt and carry no reasoning (their
+`reasoning_content` is ""). Qwen3 templates render an
 assistant turn before the last user turn without a think block, so SpecForge's re-rendered context
 equals what the server was given. SpecForge masks every assistant span its template's header and
 end-of-turn match (`data/parse.py` 180-185, 282-314), unless `train_only_last_turn: true` keeps only
@@ -58,6 +69,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from inference.quality import FINISH_LENGTH
 from inference.records import Completion, Quality
@@ -124,16 +137,29 @@ def render(
     *,
     source: RowSource,
     thinking: ThinkingStyle = ThinkingStyle.SEPARATE,
-) -> Row:
-    """The one row `fmt`'s trainer reads for `completion` (see the module docstring).
+) -> list[Row]:
+    """The rows `fmt`'s trainer reads for `completion`: one, or for `speculators` one per generated
+    turn of a conversation (see the module docstring).
 
     `thinking` applies to `sharegpt` and `messages`; `specforge` always keeps `reasoning_content`
     apart, `speculators` carries ids. Raises `MissingTokenIds` for `speculators` when the server
     returned no ids, `UnknownRole` for a role the format cannot name.
     """
-    fmt, thinking = ExportFormat(fmt), ThinkingStyle(thinking)
+    fmt = ExportFormat(fmt)
     if fmt is ExportFormat.SPECULATORS:
-        return _speculators_row(completion, source)
+        turns = turn_completions(completion)
+        if len(turns) == 1:
+            return [_speculators_row(completion, completion.prompt_id, source)]
+        return [
+            _speculators_row(turn, f"{completion.prompt_id}/turn-{number}", source, number=number)
+            for number, turn in enumerate(turns, start=1)
+        ]
+    return [_conversation_row(completion, fmt, source=source, thinking=ThinkingStyle(thinking))]
+
+
+def _conversation_row(
+    completion: Completion, fmt: ExportFormat, *, source: RowSource, thinking: ThinkingStyle
+) -> Row:
     if fmt is ExportFormat.SPECFORGE:
         turns = _role_turns(completion, ThinkingStyle.SEPARATE)
         return _text_row(completion, "conversations", turns, source)
@@ -149,10 +175,40 @@ def think_tagged(reasoning: str | None, content: str) -> str:
 
 
 def raw_think_markers(completion: Completion) -> bool:
-    """The answer or the reasoning holds a literal `<think>`/`</think>`: SpecForge's regenerator
-    skips such rows (a re-rendered template would split them wrongly), so an export drops them."""
-    texts = (completion.content, completion.reasoning_content or "")
+    """An answer or a reasoning of any generated turn holds a literal `<think>`/`</think>`: SpecForge's
+    regenerator skips such rows (a re-rendered template would split them wrongly), so an export drops
+    them."""
+    texts = [text for turn in completion.turns() for text in (turn.content, turn.reasoning_content or "")]
     return any(marker in text for text in texts for marker in THINK_MARKERS)
+
+
+def turn_completions(completion: Completion) -> list[Completion]:
+    """Each generated turn as the completion of its own request, in order: its messages are the
+    conversation up to that turn's user turn, its answer, ids, usage and budget the turn's. A
+    one-request completion is its own single turn."""
+    if not completion.earlier_turns:
+        return [completion]
+    answers = [index for index, message in enumerate(completion.messages) if message.role == ASSISTANT]
+    return [
+        msgspec.structs.replace(
+            completion,
+            messages=completion.messages[:answer_at],
+            reasoning_content=turn.reasoning_content,
+            content=turn.content,
+            finish_reason=turn.finish_reason,
+            quality=turn.quality,
+            usage=turn.usage,
+            timings=turn.timings,
+            sampling=msgspec.structs.replace(completion.sampling, max_tokens=turn.max_tokens),
+            attempt=turn.attempt,
+            budget_retries=turn.budget_retries,
+            spec_accept_length=turn.spec_accept_length,
+            prompt_token_ids=turn.prompt_token_ids,
+            response_token_ids=turn.response_token_ids,
+            earlier_turns=[],
+        )
+        for answer_at, turn in zip(answers, completion.earlier_turns, strict=True)
+    ] + [msgspec.structs.replace(completion, earlier_turns=[])]
 
 
 def loss_tokens(completion: Completion, tokenizer: TokenCounter | None = None) -> LossCount:
@@ -210,19 +266,20 @@ def generated_text(completion: Completion) -> str:
     return thought + THINK_CLOSE + completion.content.lstrip(TEMPLATE_STRIPPED) + closing
 
 
-def _speculators_row(completion: Completion, source: RowSource) -> Row:
+def _speculators_row(completion: Completion, row_id: str, source: RowSource, *, number: int = 0) -> Row:
+    """`number`: the turn of a conversation this row is (its metadata says so), 0 for a one-request row."""
     prompt_ids, response_ids = completion.prompt_token_ids, completion.response_token_ids
     if prompt_ids is None or response_ids is None:
         raise MissingTokenIds(
-            f"completion {completion.prompt_id!r} has no token ids (the server returned none: "
+            f"completion {row_id!r} has no token ids (the server returned none: "
             "SGLang before 0.5.23, or `return_token_ids` not asked for); the speculators format "
             "needs them, the specforge format does not"
         )
     return {
-        "id": completion.prompt_id,
+        "id": row_id,
         "input_ids": [*prompt_ids, *response_ids],
         "loss_mask": [PROMPT_LOSS] * len(prompt_ids) + [RESPONSE_LOSS] * len(response_ids),
-        "metadata": _metadata(completion, source),
+        "metadata": _metadata(completion, source) | {"turn": number},
     }
 
 
@@ -272,17 +329,27 @@ def _history_reasoning(role: str) -> str | None:
 
 
 def _role_turns(completion: Completion, thinking: ThinkingStyle) -> list[Row]:
+    """The conversation's turns. The assistant turns of the messages are the regenerated earlier turns
+    when there are some (each with its reasoning), else history from the dataset (none)."""
     separate = thinking is ThinkingStyle.SEPARATE
+    earlier = iter(turn_completions(completion)[:-1])
     turns: list[Row] = []
     for message in completion.messages:
-        turn: Row = {"role": message.role, "content": message.content}
+        generated = next(earlier) if message.role == ASSISTANT and completion.earlier_turns else None
+        reasoning: str | None
+        if generated is not None:
+            content, reasoning = _reply(generated, thinking)
+            turn: Row = {"role": ASSISTANT, "content": content}
+        else:
+            turn = {"role": message.role, "content": message.content}
+            reasoning = _history_reasoning(message.role)
         if separate:
-            turn[REASONING_FIELD] = _history_reasoning(message.role)
+            turn[REASONING_FIELD] = reasoning
         turns.append(turn)
-    content, reasoning = _reply(completion, thinking)
+    content, reply_reasoning = _reply(completion, thinking)
     reply: Row = {"role": ASSISTANT, "content": content}
     if separate:
-        reply[REASONING_FIELD] = reasoning
+        reply[REASONING_FIELD] = reply_reasoning
     return [*turns, reply]
 
 

@@ -48,11 +48,13 @@ class Selection:
     over_length: OverLength = OverLength.KEEP
 
     def drop_reason(self, completion: Completion) -> DropReason | None:
-        if completion.quality not in self.include:
+        if any(turn.quality not in self.include for turn in completion.turns()):
             return DropReason.QUALITY
         if raw_think_markers(completion):
             return DropReason.THINK_MARKERS
-        if self.format is ExportFormat.SPECULATORS and completion.response_token_ids is None:
+        if self.format is ExportFormat.SPECULATORS and any(
+            t.response_token_ids is None for t in completion.turns()
+        ):
             return DropReason.NO_TOKEN_IDS
         if self.over_length is OverLength.DROP and self.is_over_length(completion):
             return DropReason.OVER_LENGTH

@@ -28,6 +28,7 @@ from workers.state.stats_fields import (
     DEAD_PREFIX,
     FINISH_PREFIX,
     TOKEN_IDS_MISSING,
+    generated_turns,
     quality_field,
 )
 
@@ -232,7 +233,7 @@ def split_unacked(values: Iterable[bytes]) -> Counter[str]:
 def quality_figures(counters: Mapping[str, int]) -> QualityFigures:
     """Rates over the completions, counting truncations a drop policy dead-lettered as truncated too."""
     dropped = counters.get(DROPPED_TRUNCATIONS, 0)
-    judged = counters.get(COMPLETIONS, 0) + dropped
+    judged = generated_turns(counters) + dropped
     counts = {label.value: counters.get(quality_field(label.value), 0) for label in QUALITY_SHOWN}
     counts[Quality.TRUNCATED_IN_THINKING.value] += dropped
     return QualityFigures(

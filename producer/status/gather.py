@@ -39,7 +39,7 @@ from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
-from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT
+from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT, generated_turns
 
 GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
 UNACKED_SCAN_COUNT = 1000
@@ -116,7 +116,7 @@ def gather_status(
     window = recent_window_s(now, started)
     window_events = events_in_window(parse_events(window_raw), now_s=now, window_s=window)
     last_minute = window_rates(window_events, now_s=now, window_s=window)
-    completions = counters.get(COMPLETIONS, 0)
+    completions, turns = counters.get(COMPLETIONS, 0), generated_turns(counters)
     output_tokens = counters.get(COMPLETION_TOKENS, 0)
     elapsed = max(0.0, ended - started) if started is not None else 0.0
     eta = estimate_eta(progress.remaining, last_minute, now_s=now, paused=paused is not None)
@@ -133,9 +133,10 @@ def gather_status(
         throughput=Throughput(
             last_minute=last_minute,
             whole_run=rates_over(completions, output_tokens, elapsed),
-            mean_output_tokens=output_tokens / completions if completions else None,
+            mean_output_tokens=output_tokens / turns if turns else None,
             first_completion_at=started,
             last_completion_at=last_completion,
+            turns=turns,
         ),
         eta=eta,
         cost=estimate_cost(

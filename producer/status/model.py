@@ -32,6 +32,7 @@ class Throughput(Record, frozen=True):
     mean_output_tokens: float | None
     first_completion_at: float | None  # Redis clock, unix seconds
     last_completion_at: float | None
+    turns: int = 0  # assistant turns generated over the whole run (a conversation of 4 counts 4)
 
 
 class Eta(Record, frozen=True):

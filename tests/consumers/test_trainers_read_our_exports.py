@@ -27,12 +27,6 @@ import pytest
 from inference.records import Completion
 from producer.cli import main
 from tests.support.run_output import (
-    IM_END,
-    IM_START,
-    NEWLINE,
-    THINK_CLOSE,
-    THINK_OPEN,
-    WORD_ID,
     completion,
     write_run_output,
 )
@@ -71,29 +65,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory, run_output: str) -> Path:
     dest = tmp_path_factory.mktemp("export") / "speculators"
     assert export(run_output, dest) == 0
     return dest
-
-
-@pytest.fixture(scope="module")
-def target_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local tokenizer folder (`--model`) knowing the test rows' ids: no hub, no model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {
-        "<unk>": 0,
-        "\n": NEWLINE,
-        "word": WORD_ID,
-        "<|im_start|>": IM_START,
-        "<|im_end|>": IM_END,
-        "<think>": THINK_OPEN,
-        "</think>": THINK_CLOSE,
-    }
-    folder = tmp_path_factory.mktemp("tokenizer")
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "unk_token": "<unk>"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def export(output_url: str, dest: Path, *options: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.records import Message, Prompt
+from inference.records import Message, Prompt, Turns
 from intake.rejected import RejectedRow
 from intake.rows import parse_row
 
@@ -210,3 +210,51 @@ def test_a_rejection_describes_its_file_and_row_for_a_folder_source() -> None:
     assert isinstance(rejected, RejectedRow)
     assert rejected.describe() == "part-3.jsonl:12: prompt: is empty"
     assert RejectedRow(row=4, reason="r").describe() == "row 4: r"
+
+
+def turn_by_turn_of(raw: object) -> Prompt:
+    result = parse_row(raw, row=ROW, turns=Turns.ALL)
+    assert isinstance(result, Prompt), result
+    return result
+
+
+def assistant(text: str) -> dict[str, object]:
+    return {"role": "assistant", "content": text}
+
+
+def test_turn_by_turn_leaves_the_datasets_assistant_turns_out_and_marks_where_each_turn_ends() -> None:
+    raw = {
+        "messages": [
+            {"role": "system", "content": "s"},
+            user("q1"),
+            assistant("a1"),
+            user("q2"),
+            assistant("a2"),
+        ]
+    }
+    prompt = turn_by_turn_of(raw)
+    assert [m.content for m in prompt.messages] == ["s", "q1", "q2"]
+    assert prompt.turn_ends == [2, 3]
+    assert [m.content for m in prompt.request_messages(["new a1"])] == ["s", "q1", "new a1", "q2"]
+
+
+def test_a_rows_id_is_the_same_whichever_turns_the_run_regenerates() -> None:
+    raw = {
+        "conversations": [
+            {"from": "human", "value": "q1"},
+            {"from": "gpt", "value": "a1"},
+            {"from": "human", "value": "q2"},
+        ]
+    }
+    assert turn_by_turn_of(raw).id == prompt_of(raw).id
+
+
+def test_consecutive_user_turns_are_one_turn_as_the_dataset_answered_them_once() -> None:
+    raw = {"messages": [user("q1"), user("q1 again"), assistant("a1"), user("q2")]}
+    assert turn_by_turn_of(raw).turn_ends == [2, 3]
+
+
+def test_a_one_turn_row_is_one_request_whichever_turns_the_run_regenerates() -> None:
+    raw = {"messages": [assistant("greeting"), user("q"), assistant("a")]}
+    prompt = turn_by_turn_of(raw)
+    assert (prompt.turn_ends, [m.content for m in prompt.messages]) == ([], ["q"])

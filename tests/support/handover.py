@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference.records import Completion, DeadLetter
+from inference.records import Completion, DeadLetter, Turn
 from workers.state.poison import Strike
 
 
@@ -13,9 +13,11 @@ class Recorder:
         self.staged: list[Completion] = []
         self.dead: list[DeadLetter] = []
         self.strikes: dict[str, list[Strike]] = {}
+        self.turns: dict[str, list[Turn]] = {}
 
     def stage(self, completion: Completion) -> bool:
         self.staged.append(completion)
+        self.turns.pop(completion.prompt_id, None)
         return True
 
     def dead_letter(self, letter: DeadLetter) -> bool:
@@ -28,3 +30,10 @@ class Recorder:
 
     def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]:
         return {p: list(self.strikes[p]) for p in prompt_ids if p in self.strikes}
+
+    def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool:
+        self.turns[prompt_id] = list(turns)
+        return True
+
+    def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]:
+        return {p: list(self.turns[p]) for p in prompt_ids if p in self.turns}

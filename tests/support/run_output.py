@@ -93,6 +93,28 @@ def completion(
     )
 
 
+def conversation(prompt_id: str, *, turns: int = 3, thinking_words: int = 20) -> Completion:
+    """A conversation regenerated turn by turn: turn j thinks `thinking_words + j` words, and its
+    request holds the answers of the turns before it (their ids in the prompt, as the server counts)."""
+    answered = [completion(prompt_id, thinking_words=thinking_words + turn) for turn in range(turns)]
+    messages: list[Message] = []
+    for turn, earlier in enumerate(answered[:-1]):
+        messages += [
+            Message(role="user", content=f"question {turn + 1}"),
+            Message(role="assistant", content=earlier.content),
+        ]
+    messages.append(Message(role="user", content=f"question {turns}"))
+    history_ids = [WORD_ID] * sum(len(c.content.split()) + 4 for c in answered[:-1])
+    last = answered[-1]
+    return msgspec.structs.replace(
+        last,
+        messages=messages,
+        prompt_token_ids=history_ids + (last.prompt_token_ids or []),
+        earlier_turns=[earlier.as_turn() for earlier in answered[:-1]],
+        conversation_turns=turns,
+    )
+
+
 def write_run_output(folder: Path, run: str, parts: list[list[Completion]], *, thinking: bool = True) -> str:
     """The folder's file:// URL, holding `run.json`, the server's facts and one committed part per list."""
     store = FolderStore(folder)
@@ -125,4 +147,4 @@ def files_under(folder: Path) -> dict[str, bytes]:
     }
 
 
-__all__ = ["FACTS", "SERVER_ID", "completion", "files_under", "msgspec", "write_run_output"]
+__all__ = ["FACTS", "SERVER_ID", "completion", "conversation", "files_under", "msgspec", "write_run_output"]

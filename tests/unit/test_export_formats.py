@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets as hf_datasets
+import msgspec
 import pytest
 
 from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
@@ -27,6 +28,7 @@ from producer.export.formats import (
     raw_think_markers,
     render,
     sequence_tokens,
+    turn_completions,
 )
 
 SOURCE = RowSource(run="run-a", part="runs/run-a/data/part-00007.parquet")
@@ -80,14 +82,14 @@ MULTI_TURN = [
 
 
 def test_speculators_rows_mask_exactly_the_response() -> None:
-    row = render(completion(), ExportFormat.SPECULATORS, source=SOURCE)
+    [row] = render(completion(), ExportFormat.SPECULATORS, source=SOURCE)
     assert row["input_ids"] == PROMPT_IDS + RESPONSE_IDS
     assert row["loss_mask"] == [0] * len(PROMPT_IDS) + [1] * len(RESPONSE_IDS)
     assert sum(row["loss_mask"]) == loss_tokens(completion()).count
 
 
 def test_speculators_rows_say_where_they_came_from_and_how_they_ended() -> None:
-    row = render(completion("p-9"), ExportFormat.SPECULATORS, source=SOURCE)
+    [row] = render(completion("p-9"), ExportFormat.SPECULATORS, source=SOURCE)
     assert set(row) == {"id", "input_ids", "loss_mask", "metadata"}
     assert row["id"] == "p-9"
     meta = row["metadata"]
@@ -110,14 +112,14 @@ def test_speculators_export_without_token_ids_is_refused_naming_the_prompt() -> 
 
 
 def test_unknown_speculative_figures_are_written_with_a_stable_type_not_null() -> None:
-    row = render(completion(spec_accept_length=None, seed=None), ExportFormat.SPECULATORS, source=SOURCE)
+    [row] = render(completion(spec_accept_length=None, seed=None), ExportFormat.SPECULATORS, source=SOURCE)
     assert row["metadata"]["spec_accept_length"] == NO_ACCEPT_LENGTH
     assert isinstance(row["metadata"]["spec_accept_length"], float)
     assert row["metadata"]["sampling"]["seed"] == NO_SEED
 
 
 def test_specforge_rows_keep_the_reasoning_apart_on_the_generated_turn() -> None:
-    row = render(completion(), ExportFormat.SPECFORGE, source=SOURCE, thinking=ThinkingStyle.TAGS)
+    [row] = render(completion(), ExportFormat.SPECFORGE, source=SOURCE, thinking=ThinkingStyle.TAGS)
     assert set(row) == {"id", "conversations", "run", "part"}
     user, reply = row["conversations"]
     assert user == {"role": "user", "content": "question p-1", "reasoning_content": None}
@@ -128,20 +130,86 @@ def test_specforge_rows_keep_the_reasoning_apart_on_the_generated_turn() -> None
     }
 
 
+EARLIER_PROMPT_IDS = [151644, 872, 198, 6023, 151645, 198, 151644, 77091, 198, 151667, 198]
+EARLIER_RESPONSE_IDS = [32313, 151668, 271, 9707, 13, 151645]
+
+
+def regenerated_conversation(prompt_id: str = "c-1") -> Completion:
+    """A conversation of two turns regenerated turn by turn: the earlier answer is the target's."""
+    last = completion(prompt_id, messages=MULTI_TURN)
+    earlier = msgspec.structs.replace(
+        last,
+        reasoning_content="\nA greeting.\n",
+        content="Hello.",
+        prompt_token_ids=EARLIER_PROMPT_IDS,
+        response_token_ids=EARLIER_RESPONSE_IDS,
+        budget_retries=0,
+    ).as_turn()
+    return msgspec.structs.replace(last, earlier_turns=[earlier], conversation_turns=2)
+
+
+def test_a_regenerated_conversation_is_one_row_with_reasoning_on_every_assistant_turn() -> None:
+    [row] = render(regenerated_conversation(), ExportFormat.SPECFORGE, source=SOURCE)
+    turns = row["conversations"]
+    assert [turn["role"] for turn in turns] == ["system", "user", "assistant", "user", "assistant"]
+    assert [turn["reasoning_content"] for turn in turns] == [
+        None,
+        None,
+        "\nA greeting.\n",
+        None,
+        "\nLet me think.\n",
+    ]
+
+
+def test_with_think_tags_every_regenerated_turn_inlines_its_own_reasoning() -> None:
+    [row] = render(
+        regenerated_conversation(), ExportFormat.MESSAGES, source=SOURCE, thinking=ThinkingStyle.TAGS
+    )
+    answers = [turn["content"] for turn in row["messages"] if turn["role"] == "assistant"]
+    assert answers == [
+        "<think>\nA greeting.\n</think>\n\nHello.",
+        "<think>\nLet me think.\n</think>\n\nThe answer is 42.",
+    ]
+
+
+def test_speculators_gets_one_row_per_turn_each_with_its_own_requests_exact_ids() -> None:
+    first, second = render(regenerated_conversation("c-9"), ExportFormat.SPECULATORS, source=SOURCE)
+    assert (first["id"], second["id"]) == ("c-9/turn-1", "c-9/turn-2")
+    assert first["input_ids"] == EARLIER_PROMPT_IDS + EARLIER_RESPONSE_IDS
+    assert first["loss_mask"] == [0] * len(EARLIER_PROMPT_IDS) + [1] * len(EARLIER_RESPONSE_IDS)
+    assert second["input_ids"] == PROMPT_IDS + RESPONSE_IDS
+    assert (first["metadata"]["turn"], second["metadata"]["turn"]) == (1, 2)
+
+
+def test_the_loss_check_counts_every_turn_of_a_regenerated_conversation() -> None:
+    turns = turn_completions(regenerated_conversation())
+    assert [loss_tokens(turn).count for turn in turns] == [len(EARLIER_RESPONSE_IDS), len(RESPONSE_IDS)]
+    assert [len(turn.messages) for turn in turns] == [2, 4]  # each turn's own request
+
+
+def test_a_think_marker_in_an_earlier_turn_marks_the_conversation() -> None:
+    conversation = regenerated_conversation()
+    marked = msgspec.structs.replace(
+        conversation,
+        earlier_turns=[msgspec.structs.replace(conversation.earlier_turns[0], content="</think> hi")],
+    )
+    assert raw_think_markers(marked) and not raw_think_markers(conversation)
+
+
 def test_in_multi_turn_rows_only_the_generated_turn_carries_reasoning() -> None:
-    row = render(completion(messages=MULTI_TURN), ExportFormat.SPECFORGE, source=SOURCE)
+    [row] = render(completion(messages=MULTI_TURN), ExportFormat.SPECFORGE, source=SOURCE)
     turns = row["conversations"]
     assert [turn["role"] for turn in turns] == ["system", "user", "assistant", "user", "assistant"]
     assert [turn["reasoning_content"] for turn in turns] == [None, None, "", None, "\nLet me think.\n"]
 
 
 def test_thinking_off_gives_an_empty_reasoning_string_not_null_on_the_reply() -> None:
-    row = render(completion(reasoning=None), ExportFormat.SPECFORGE, source=SOURCE)
+    [row] = render(completion(reasoning=None), ExportFormat.SPECFORGE, source=SOURCE)
     assert row["conversations"][-1]["reasoning_content"] == ""
 
 
 def test_tags_style_inlines_thinking_as_the_qwen3_template_renders_it() -> None:
-    row = render(completion(), ExportFormat.MESSAGES, source=SOURCE, thinking=ThinkingStyle.TAGS)
+    [row] = render(completion(), ExportFormat.MESSAGES, source=SOURCE, thinking=ThinkingStyle.TAGS)
     assert row["messages"][-1] == {
         "role": "assistant",
         "content": "<think>\nLet me think.\n</think>\n\nThe answer is 42.",
@@ -149,7 +217,7 @@ def test_tags_style_inlines_thinking_as_the_qwen3_template_renders_it() -> None:
 
 
 def test_tags_style_keeps_the_empty_think_block_when_there_was_no_reasoning() -> None:
-    row = render(
+    [row] = render(
         completion(reasoning=None, content="OK."),
         ExportFormat.MESSAGES,
         source=SOURCE,
@@ -159,21 +227,21 @@ def test_tags_style_keeps_the_empty_think_block_when_there_was_no_reasoning() ->
 
 
 def test_messages_rows_in_separate_style_carry_reasoning_content_on_every_turn() -> None:
-    row = render(completion(messages=MULTI_TURN), ExportFormat.MESSAGES, source=SOURCE)
+    [row] = render(completion(messages=MULTI_TURN), ExportFormat.MESSAGES, source=SOURCE)
     assert set(row) == {"id", "messages", "run", "part"}
     assert all(set(turn) == {"role", "content", "reasoning_content"} for turn in row["messages"])
     assert row["messages"][-1]["reasoning_content"] == "\nLet me think.\n"
 
 
 def test_sharegpt_rows_name_the_roles_system_human_gpt() -> None:
-    row = render(completion(messages=MULTI_TURN), ExportFormat.SHAREGPT, source=SOURCE)
+    [row] = render(completion(messages=MULTI_TURN), ExportFormat.SHAREGPT, source=SOURCE)
     assert [turn["from"] for turn in row["conversations"]] == ["system", "human", "gpt", "human", "gpt"]
     assert row["conversations"][-1]["value"] == "\n\nThe answer is 42."
     assert row["conversations"][-1]["reasoning_content"] == "\nLet me think.\n"
 
 
 def test_sharegpt_rows_in_tags_style_hold_only_from_and_value() -> None:
-    row = render(completion(), ExportFormat.SHAREGPT, source=SOURCE, thinking=ThinkingStyle.TAGS)
+    [row] = render(completion(), ExportFormat.SHAREGPT, source=SOURCE, thinking=ThinkingStyle.TAGS)
     assert all(set(turn) == {"from", "value"} for turn in row["conversations"])
     assert row["conversations"][-1]["value"].startswith("<think>\nLet me think.\n</think>\n\n")
 
@@ -246,7 +314,8 @@ def _mixed_completions() -> list[Completion]:
         for i in range(ROWS_PER_FILE // 2)
     ]
     late = [completion(f"b{i}", messages=MULTI_TURN) for i in range(ROWS_PER_FILE // 2)]
-    return early + late
+    regenerated = [regenerated_conversation(f"c{i}") for i in range(ROWS_PER_FILE // 2)]
+    return early + late + regenerated
 
 
 FORMAT_CASES = [
@@ -263,7 +332,7 @@ FORMAT_CASES = [
 def test_every_format_loads_with_datasets_json(
     tmp_path: Path, fmt: ExportFormat, thinking: ThinkingStyle, column: str
 ) -> None:
-    rows = [render(c, fmt, source=SOURCE, thinking=thinking) for c in _mixed_completions()]
+    rows = [row for c in _mixed_completions() for row in render(c, fmt, source=SOURCE, thinking=thinking)]
     path = tmp_path / "rows.jsonl"
     _write_jsonl(path, rows)
     hf_datasets.disable_progress_bars()

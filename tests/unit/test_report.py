@@ -11,6 +11,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
@@ -195,6 +196,35 @@ def test_throughput_buckets_hold_each_gpus_tokens_per_minute_by_finish_time(figu
 @pytest.mark.parametrize(("span_s", "bucket_s"), [(20, 1), (130, 2), (45 * 3600, 1800), (900 * 3600, 32400)])
 def test_buckets_are_round_and_keep_a_line_to_about_a_hundred_points(span_s: float, bucket_s: int) -> None:
     assert bucket_width_s(span_s) == bucket_s
+
+
+def test_a_conversation_counts_each_of_its_turns_with_its_own_label_and_lengths(tmp_path: Path) -> None:
+    # Given a committed conversation of three turns (the second cut off in its answer) and one prompt
+    turns = [
+        completion("chat", host="h1", gpu=0, reasoning=100, answer=10, finished_after_s=10),
+        completion(
+            "chat",
+            host="h1",
+            gpu=0,
+            reasoning=200,
+            answer=20,
+            finished_after_s=20,
+            quality=Quality.TRUNCATED_IN_ANSWER,
+            finish_reason="length",
+        ),
+    ]
+    last = completion("chat", host="h1", gpu=0, reasoning=300, answer=30, finished_after_s=30)
+    chat = msgspec.structs.replace(last, earlier_turns=[t.as_turn() for t in turns], conversation_turns=3)
+    store = FolderStore(tmp_path / "output")
+    commit(store, 0, [chat, completion("solo", host="h1", gpu=0, reasoning=5, answer=5, finished_after_s=5)])
+    # When the report reads it
+    figures = compute_figures(store, RUN)
+    # Then every generated turn is a completion with its own label, finish reason and tokens
+    assert (figures.rows, figures.completions) == (2, 4)
+    assert figures.quality[Quality.TRUNCATED_IN_ANSWER.value] == 1
+    assert figures.finish_reasons == {"stop": 3, "length": 1}
+    assert figures.reasoning_tokens == 100 + 200 + 300 + 5
+    assert summary_rows(figures)[0].value == "4 assistant turns of 2 conversations in 1 objects"
 
 
 def test_only_the_small_columns_are_read_never_the_texts() -> None:

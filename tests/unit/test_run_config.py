@@ -3,12 +3,12 @@ from pathlib import Path
 
 import pytest
 
-from inference.records import SamplingSettings
+from inference.records import SamplingSettings, Turns
 from producer.errors import SettingsError
 from producer.run_config import read_settings_file, resolve_run_settings
 from workers.errors import InvalidRunName
 from workers.state.keys import check_run_name
-from workers.state.runs import RunSettings, differences
+from workers.state.runs import RunSettings, decode_run_settings, differences
 
 
 def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:
@@ -93,3 +93,26 @@ def test_a_run_name_that_is_not_a_safe_key_and_path_segment_is_refused_saying_wh
 ) -> None:
     with pytest.raises(InvalidRunName, match=re.escape(words)):
         check_run_name(name)
+
+
+def test_a_new_run_regenerates_every_turn_and_a_settings_file_can_say_last(tmp_path: Path) -> None:
+    assert resolve_run_settings("r1", pinned=None, file_values={}, option_values={}).turns is Turns.ALL
+    config = tmp_path / "run.toml"
+    config.write_text('turns = "last"\n')
+    from_file = resolve_run_settings(
+        "r1", pinned=None, file_values=read_settings_file(config), option_values={}
+    )
+    assert from_file.turns is Turns.LAST
+
+
+def test_a_run_pinned_before_turns_existed_keeps_answering_the_last_turn_only() -> None:
+    pinned = decode_run_settings(b'{"run":"old","sampling":{},"output_url":"s3://b/p"}')
+    again = resolve_run_settings("old", pinned=pinned, file_values={}, option_values={"turns": None})
+    assert again.turns is Turns.LAST
+    changed = resolve_run_settings("old", pinned=pinned, file_values={}, option_values={"turns": "all"})
+    assert differences(pinned, changed) == ["turns: pinned 'last', given 'all'"]
+
+
+def test_an_unknown_turns_value_is_refused() -> None:
+    with pytest.raises(SettingsError, match="turns"):
+        resolve_run_settings("r1", pinned=None, file_values={"turns": "some"}, option_values={})

@@ -79,6 +79,7 @@ class BatchReport:
     dead_lettered: int
     skipped: int
     note: str = ""
+    turns: int = 0  # the requests the batch's prompts take at least: a conversation one per user turn
 
     @property
     def handed_over(self) -> bool:
@@ -172,7 +173,13 @@ def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> Batc
     skipped = len(batch.prompts) - len(pending)
     note = "every prompt sent; the last requests finish after this message"
     return BatchReport(
-        batch_id, prompts=len(batch.prompts), generated=0, dead_lettered=0, skipped=skipped, note=note
+        batch_id,
+        prompts=len(batch.prompts),
+        generated=0,
+        dead_lettered=0,
+        skipped=skipped,
+        note=note,
+        turns=sum(p.turn_count for p in batch.prompts),
     )
 
 
@@ -201,6 +208,7 @@ def _settle(
         generated=outcome.staged,
         dead_lettered=outcome.dead_lettered,
         skipped=len(batch.prompts) - pending + outcome.already_handled,
+        turns=sum(p.turn_count for p in batch.prompts),
     )
     log.info("run %s %s", run, report)
     return report

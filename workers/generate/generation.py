@@ -39,6 +39,7 @@ from inference.records import (
     Quality,
     SamplingSettings,
     Timings,
+    Turn,
 )
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
@@ -80,13 +81,16 @@ class StatesContextLength(Protocol):
 
 
 class Handover(Protocol):
-    """Where finished work goes: the upload path (staged) or the dead-letter set; and the failed requests
-    of prompts, kept across workers (workers/state/poison.py). Blocking calls."""
+    """Where finished work goes: the upload path (staged) or the dead-letter set; the failed requests
+    of prompts, kept across workers (workers/state/poison.py); and the finished turns of conversations
+    not yet staged, for a later delivery to resume at the next turn. Blocking calls."""
 
     def stage(self, completion: Completion) -> bool: ...
     def dead_letter(self, letter: DeadLetter) -> bool: ...
     def strike(self, prompt_id: str, strike: Strike) -> list[Strike]: ...
     def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]: ...
+    def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool: ...
+    def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]: ...
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,8 @@ class _Job:
     sent: threading.Event = field(default_factory=threading.Event)
     sent_ids: set[str] = field(default_factory=set)
     alone: set[str] = field(default_factory=set)  # suspects: sent with nothing else in flight
+    kept_turns: dict[str, list[Turn]] = field(default_factory=dict)  # conversations' finished turns
+    turn_at: dict[str, tuple[int, int]] = field(default_factory=dict)  # conversation -> (turn, of)
 
     def mark_sent(self, prompt_id: str) -> None:
         """The prompt's first request went out, or it settled without one. Called on the loop only."""
@@ -344,6 +350,9 @@ class GenerationEngine:
             job.alone = {
                 pid for pid, strikes in known.items() if self._poison.judge(strikes) is not Verdict.AS_USUAL
             }
+        conversations = [p.id for p in prompts if p.turn_ends]
+        if conversations:
+            job.kept_turns = await asyncio.to_thread(job.handover.kept_turns, conversations)
         await asyncio.gather(*(self._one(job, p) for p in prompts))
         return job.outcome
 
@@ -354,6 +363,59 @@ class GenerationEngine:
             job.mark_sent(prompt.id)
 
     async def _generate(self, job: _Job, prompt: Prompt) -> None:
+        if prompt.turn_ends:
+            await self._conversation(job, prompt)
+            return
+        completion = await self._answer(job, prompt)
+        if completion is None or await self._dropped(job, prompt, completion):
+            return
+        await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+
+    async def _conversation(self, job: _Job, prompt: Prompt) -> None:
+        """Every turn in order, each request holding the answers before it; one seat of the window for
+        the whole conversation (so that the turns of the conversations begun go before new ones). Each
+        finished turn but the last is kept with the run (`keep_turns`): a later delivery resumes at the
+        next turn. The conversation is staged whole, once, after its last turn, or after a turn truncated
+        in thinking (the turns after it would answer a broken one)."""
+        finished = list(job.kept_turns.get(prompt.id, []))
+        count = prompt.turn_count
+        async with self._conversation_seat(alone=prompt.id in job.alone):
+            for index in range(len(finished), count):
+                job.turn_at[prompt.id] = (index + 1, count)
+                request = msgspec.structs.replace(
+                    prompt, messages=prompt.request_messages([t.content for t in finished]), turn_ends=[]
+                )
+                completion = await self._answer(job, request)
+                if completion is None or await self._dropped(job, prompt, completion):
+                    return
+                if index == count - 1 or completion.quality is Quality.TRUNCATED_IN_THINKING:
+                    whole = msgspec.structs.replace(
+                        completion, earlier_turns=finished, conversation_turns=count
+                    )
+                    await self._hand_over(job.handover.stage, whole, job.outcome, dead=False)
+                    return
+                finished.append(completion.as_turn())
+                await asyncio.to_thread(job.handover.keep_turns, prompt.id, finished)
+
+    async def _dropped(self, job: _Job, prompt: Prompt, completion: Completion) -> bool:
+        """Dead-letter a completion truncated in thinking when the run's policy drops those."""
+        if (
+            completion.quality is not Quality.TRUNCATED_IN_THINKING
+            or job.truncation.policy is not TruncationPolicy.DROP
+        ):
+            return False
+        await self._dead_letter(
+            job,
+            prompt,
+            REASON_TRUNCATED,
+            f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
+            attempts=completion.attempt,
+        )
+        return True
+
+    async def _answer(self, job: _Job, prompt: Prompt) -> Completion | None:
+        """One request's answer within the retry policy, its budget grown while thinking is cut off when
+        the policy retries; None once the prompt is dead-lettered or left pending."""
         completion = await self._attempts(job, prompt, job.sampling, 0)
         while completion is not None and completion.quality is Quality.TRUNCATED_IN_THINKING:
             larger = await self._retry_budget(job, completion)
@@ -373,21 +435,7 @@ class GenerationEngine:
                 )
                 break
             completion = retried
-        if completion is None:
-            return
-        if (
-            completion.quality is Quality.TRUNCATED_IN_THINKING
-            and job.truncation.policy is TruncationPolicy.DROP
-        ):
-            await self._dead_letter(
-                job,
-                prompt,
-                REASON_TRUNCATED,
-                f"thinking cut off at max_tokens={completion.sampling.max_tokens}",
-                attempts=completion.attempt,
-            )
-            return
-        await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+        return completion
 
     async def _retry_budget(self, job: _Job, truncated: Completion) -> int | None:
         """The budget to ask again with for a completion cut off in thinking; None: keep it as it is.
@@ -502,21 +550,25 @@ class GenerationEngine:
     async def _dead_letter(
         self, job: _Job, prompt: Prompt, reason: str, error: str, *, attempts: int
     ) -> None:
-        """The prompt will get no completion: its dead letter goes to the upload path with the reason."""
+        """The prompt will get no completion: its dead letter goes to the upload path with the reason. A
+        conversation's names the turn that failed; the whole conversation goes with it."""
+        turn, count = job.turn_at.get(prompt.id, (0, 0))
         letter = DeadLetter(
             prompt_id=prompt.id,
             row=prompt.row,
             file=prompt.file,
             reason=reason,
-            error=error,
+            error=f"turn {turn} of {count}: {error}" if turn else error,
             attempts=attempts,
+            turn=turn,
         )
         await self._hand_over(job.handover.dead_letter, letter, job.outcome, dead=True)
 
     async def _chat(
         self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str, *, alone: bool = False
     ) -> ChatResult:
-        async with self._slot(alone=alone):
+        seated = prompt.id in job.turn_at and not alone
+        async with self._slot(alone=alone, seated=seated):
             stop_reason = self._stop_reason(job)
             if stop_reason is not None:
                 raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
@@ -544,9 +596,27 @@ class GenerationEngine:
                     self._idle.set()
 
     @contextlib.asynccontextmanager
-    async def _slot(self, *, alone: bool) -> AsyncIterator[None]:
+    async def _conversation_seat(self, *, alone: bool) -> AsyncIterator[None]:
+        """A window slot a conversation holds from its first turn to its last (a suspect's turns each
+        take the whole server instead, see _slot)."""
+        if alone:
+            yield
+            return
+        await self._window.acquire()
+        try:
+            yield
+        finally:
+            self._window.release()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, *, alone: bool, seated: bool = False) -> AsyncIterator[None]:
         """One of the window's slots; or, for a suspect, the whole server: it waits for every request
-        in flight to end, and nothing else is sent until it ends, so that its failure tells."""
+        in flight to end, and nothing else is sent until it ends, so that its failure tells. A request
+        `seated` in a slot its conversation holds waits only for a suspect to finish."""
+        if seated:
+            await self._nobody_alone.wait()
+            yield
+            return
         if not alone:
             while True:
                 await self._nobody_alone.wait()

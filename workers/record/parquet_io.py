@@ -16,6 +16,34 @@ PARQUET_COMPRESSION = "zstd"
 PARQUET_USE_THREADS = False
 
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+_USAGE = pa.struct(
+    [
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("reasoning_tokens", pa.int64()),
+    ]
+)
+_TIMINGS = pa.struct(
+    [("started_at", pa.float64()), ("finished_at", pa.float64()), ("latency_s", pa.float64())]
+)
+# Token ids fit int32 (vocabularies hold under 2**31 entries); null when the server gave none.
+_TOKEN_IDS = pa.list_(pa.int32())
+_TURN = pa.struct(
+    [
+        ("reasoning_content", pa.string()),
+        ("content", pa.string()),
+        ("finish_reason", pa.string()),
+        ("quality", pa.string()),
+        ("usage", _USAGE),
+        ("timings", _TIMINGS),
+        ("max_tokens", pa.int64()),
+        ("attempt", pa.int64()),
+        ("budget_retries", pa.int64()),
+        ("spec_accept_length", pa.float64()),
+        ("prompt_token_ids", _TOKEN_IDS),
+        ("response_token_ids", _TOKEN_IDS),
+    ]
+)
 COMPLETION_SCHEMA = pa.schema(
     [
         ("prompt_id", pa.string()),
@@ -24,22 +52,8 @@ COMPLETION_SCHEMA = pa.schema(
         ("content", pa.string()),
         ("finish_reason", pa.string()),
         ("quality", pa.string()),
-        (
-            "usage",
-            pa.struct(
-                [
-                    ("prompt_tokens", pa.int64()),
-                    ("completion_tokens", pa.int64()),
-                    ("reasoning_tokens", pa.int64()),
-                ]
-            ),
-        ),
-        (
-            "timings",
-            pa.struct(
-                [("started_at", pa.float64()), ("finished_at", pa.float64()), ("latency_s", pa.float64())]
-            ),
-        ),
+        ("usage", _USAGE),
+        ("timings", _TIMINGS),
         ("model", pa.string()),
         (
             "sampling",
@@ -70,9 +84,12 @@ COMPLETION_SCHEMA = pa.schema(
         ("attempt", pa.int64()),
         ("spec_accept_length", pa.float64()),
         ("budget_retries", pa.int64()),
-        # Token ids fit int32 (vocabularies hold under 2**31 entries); null when the server gave none.
-        ("prompt_token_ids", pa.list_(pa.int32())),
-        ("response_token_ids", pa.list_(pa.int32())),
+        ("prompt_token_ids", _TOKEN_IDS),
+        ("response_token_ids", _TOKEN_IDS),
+        # A conversation regenerated turn by turn: its turns before the last (the row's own fields are
+        # the last turn's), and its user turns. Empty and 1 for a one-request prompt.
+        ("earlier_turns", pa.list_(_TURN)),
+        ("conversation_turns", pa.int64()),
     ]
 )
 

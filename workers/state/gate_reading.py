@@ -12,14 +12,14 @@ import redis
 from inference.records import DeadLetterReason, Quality
 from workers.state.keys import RunKeys
 from workers.state.runs import QualityGate
-from workers.state.stats_fields import COMPLETIONS, dead_field, quality_field
+from workers.state.stats_fields import COMPLETIONS, TURNS, dead_field, generated_turns, quality_field
 
 DROPPED_TRUNCATIONS = dead_field(DeadLetterReason.TRUNCATED_IN_THINKING)
 
 
 @dataclass(frozen=True)
 class GateReading:
-    judged: int  # completions (and dropped truncations) since the last resume
+    judged: int  # generated turns (a one-request completion is one) and dropped truncations since resuming
     empty_answers: int
     truncated: int
     gate: QualityGate
@@ -66,7 +66,7 @@ def read_gate(client: redis.Redis, run: str, gate: QualityGate) -> GateReading:
 
     dropped = since(DROPPED_TRUNCATIONS)
     return GateReading(
-        judged=since(COMPLETIONS) + dropped,
+        judged=generated_turns({field: since(field) for field in (TURNS, COMPLETIONS)}) + dropped,
         empty_answers=since(quality_field(Quality.EMPTY_ANSWER)),
         truncated=since(quality_field(Quality.TRUNCATED_IN_THINKING))
         + since(quality_field(Quality.TRUNCATED_IN_ANSWER))

@@ -148,8 +148,9 @@ class RunKeys:
 
     @property
     def stats(self) -> str:
-        """Hash of running totals: completions, completion/reasoning/prompt_tokens, quality:<label>,
-        finish:<reason> over staged completions; dead:<reason> over dead letters; first_completion_at."""
+        """Hash of running totals: completions, turns, completion/reasoning/prompt_tokens over staged
+        completions, quality:<label> and finish:<reason> over their generated turns; dead:<reason> over
+        dead letters; first_completion_at."""
         return self._key("stats")
 
     @property
@@ -171,6 +172,12 @@ class RunKeys:
     def strikes(self) -> str:
         """Hash prompt id -> its failed requests (JSON list of state.poison.Strike): poison prompts."""
         return self._key("strikes")
+
+    @property
+    def turns(self) -> str:
+        """Hash prompt id -> the finished turns of a conversation not yet staged (compressed JSON list of
+        inference.records.Turn): a later delivery resumes at the next turn. Gone once it is staged or dead."""
+        return self._key("turns")
 
     @property
     def dead_pending(self) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
-from inference.records import Completion, DeadLetter, Origin, Prompt
-from workers.state.codec import encode_blob
+from inference.records import Completion, DeadLetter, Origin, Prompt, Turn
+from workers.state.codec import decode_blob, encode_blob
 from workers.state.keys import RunKeys
 from workers.state.poison import STRIKES_KEPT, Strike
 from workers.state.protocol import Scripts
@@ -25,6 +25,7 @@ from workers.state.stats_fields import (
     PROMPT_TOKENS,
     REASONING_TOKENS,
     TOKEN_IDS_MISSING,
+    TURNS,
     dead_field,
     finish_field,
     quality_field,
@@ -86,16 +87,17 @@ class RunLedger:
             self.keys.staged_bytes,
             self.keys.stats,
             self.keys.events,
+            self.keys.turns,
         ]
-        usage = completion.usage
-        args = [
+        turns = completion.turns()
+        args: list[str | bytes | int] = [
             completion.prompt_id,
             encode_blob(completion),
             quality_field(completion.quality.value),
             finish_field(completion.finish_reason),
-            usage.completion_tokens,
-            usage.reasoning_tokens,
-            usage.prompt_tokens,
+            sum(turn.usage.completion_tokens for turn in turns),
+            sum(turn.usage.reasoning_tokens for turn in turns),
+            sum(turn.usage.prompt_tokens for turn in turns),
             gpu_label(completion.origin),
             EVENTS_KEPT,
             COMPLETIONS,
@@ -104,11 +106,38 @@ class RunLedger:
             PROMPT_TOKENS,
             FIRST_COMPLETION_AT,
             TOKEN_IDS_MISSING if completion.response_token_ids is None else "",
+            TURNS,
+            len(turns),
         ]
+        for turn in completion.earlier_turns:
+            args += [quality_field(turn.quality.value), finish_field(turn.finish_reason)]
         return bool(self._scripts.stage(keys=keys, args=args))
 
+    def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool:
+        """Keep a conversation's finished turns for a later delivery; False when it is settled already."""
+        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.turns]
+        return bool(self._scripts.keep_turns(keys=keys, args=[prompt_id, encode_blob(turns)]))
+
+    def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]:
+        """The finished turns kept of these conversations (those with none are left out)."""
+        if not prompt_ids:
+            return {}
+        raws = self.client.hmget(self.keys.turns, list(prompt_ids))
+        return {
+            prompt_id: decode_blob(raw, list[Turn])
+            for prompt_id, raw in zip(prompt_ids, raws, strict=True)
+            if raw is not None
+        }
+
     def dead_letter(self, letter: DeadLetter) -> bool:
-        keys = [self.keys.done, self.keys.staged, self.keys.dead, self.keys.stats, self.keys.dead_pending]
+        keys = [
+            self.keys.done,
+            self.keys.staged,
+            self.keys.dead,
+            self.keys.stats,
+            self.keys.dead_pending,
+            self.keys.turns,
+        ]
         args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return bool(self._scripts.dead_letter(keys=keys, args=args))
 
@@ -148,6 +177,7 @@ class RunLedger:
             self.keys.next_part,
             self.keys.manifest,
             self.keys.stats,
+            self.keys.turns,
         ]
         args: list[str | bytes | int] = [lock_token, part, manifest_entry, len(prompt_ids), *prompt_ids]
         for letter in dead_letters:
@@ -156,7 +186,7 @@ class RunLedger:
 
     def mark_committed(self, prompt_ids: list[str]) -> int:
         """Record prompts the object store shows committed (recovery); returns how many were not done."""
-        keys = [*self._committed_keys(), self.keys.enqueued]
+        keys = [*self._committed_keys(), self.keys.enqueued, self.keys.turns]
         return int(self._scripts.mark_committed(keys=keys, args=[msgspec.json.encode(prompt_ids)]))
 
     def _committed_keys(self) -> list[str]:

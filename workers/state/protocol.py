@@ -79,10 +79,12 @@ return 1
 
 # Stage one completion unless the prompt is already staged, done or dead. The hand-over time comes
 # from Redis's own clock, so the staged order is the order of hand-over across all hosts.
-# KEYS: done, dead, staged, staged_index, staged_bytes, stats, events.
+# A conversation's kept turns (KEYS[8]) go: it is staged whole.
+# KEYS: done, dead, staged, staged_index, staged_bytes, stats, events, turns.
 # ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
 # events kept, then the stats field names: completions, the three token totals, first completion, and
-# the missing-token-ids counter (empty when the completion has its ids).
+# the missing-token-ids counter (empty when the completion has its ids); then the turns field, the
+# generated turns, and the quality and finish fields of each turn before the last.
 STAGE = (
     _REDIS_CLOCK
     + """
@@ -90,6 +92,9 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[
   return 0
 end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[8], ARGV[1])
+redis.call('HINCRBY', KEYS[6], ARGV[16], ARGV[17])
+for i = 18, #ARGV do redis.call('HINCRBY', KEYS[6], ARGV[i], 1) end
 local now = redis_now()
 redis.call('ZADD', KEYS[4], now, ARGV[1])
 redis.call('INCRBY', KEYS[5], string.len(ARGV[2]))
@@ -107,7 +112,7 @@ return 1
 )
 
 # A dead letter is recorded once, and waits in dead_pending for the uploader to commit it.
-# KEYS: done, staged, dead, stats, dead_pending. ARGV: prompt id, letter (JSON), its stats field.
+# KEYS: done, staged, dead, stats, dead_pending, turns. ARGV: prompt id, letter (JSON), its stats field.
 DEAD_LETTER = (
     _REDIS_CLOCK
     + """
@@ -115,11 +120,24 @@ if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[
   return 0
 end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[6], ARGV[1])
 redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
 redis.call('ZADD', KEYS[5], redis_now(), ARGV[1])
 return 1
 """
 )
+
+# A conversation's finished turns are kept, unless it is staged, done or dead already (a worker that
+# lost its lease may still finish a turn after another staged the conversation).
+# KEYS: done, staged, dead, turns. ARGV: prompt id, the turns (blob). Returns 1 when kept.
+KEEP_TURNS = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
+  or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
+return 1
+"""
 
 # A prompt's failed request is kept with the others of that prompt, across workers (workers/state/poison.py).
 # KEYS: strikes. ARGV: prompt id, the strike (JSON), how many are kept. Returns the prompt's strikes
@@ -139,7 +157,8 @@ return encoded
 # What the manifest says of a prompt wins over what Redis remembers of it: a Redis that lost its last
 # writes may have forgotten a commit, and the prompt generated again since then may be staged or
 # dead-lettered. Shared by COMMIT and MARK_COMMITTED, whose KEYS[1..6] are always done, staged,
-# staged_index, staged_bytes, dead, dead_pending.
+# staged_index, staged_bytes, dead, dead_pending; `turns` is the run's kept conversation turns, which a
+# committed prompt leaves too (a Redis that lost its last writes may still hold some of it).
 _MARK_COMMITTED_HELPERS = """
 local function leave_upload_path(id)
   local size = redis.call('HSTRLEN', KEYS[2], id)
@@ -151,21 +170,23 @@ local function leave_upload_path(id)
   redis.call('ZREM', KEYS[6], id)
 end
 -- committed as a completion: done, and no dead letter of it remains
-local function mark_done(id)
+local function mark_done(id, turns)
   leave_upload_path(id)
+  redis.call('HDEL', turns, id)
   redis.call('HDEL', KEYS[5], id)
   return redis.call('SADD', KEYS[1], id)
 end
 -- committed as a dead letter: dead (counted under `field` when Redis had forgotten it), nothing staged
-local function mark_dead(id, letter, stats, field)
+local function mark_dead(id, letter, stats, field, turns)
   leave_upload_path(id)
+  redis.call('HDEL', turns, id)
   if redis.call('HSETNX', KEYS[5], id, letter) == 1 then redis.call('HINCRBY', stats, field, 1) end
 end
 """
 
 # Commit one part: only while holding the upload lock, and only for the expected part number.
 # KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock, next_part, manifest,
-# stats. ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids,
+# stats, turns. ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids,
 # then per dead letter the part committed: its prompt id, the letter (JSON) and its stats field.
 # Returns the number of prompts newly marked done, or an error when the lock or part changed.
 COMMIT = (
@@ -176,8 +197,8 @@ local part = tonumber(redis.call('GET', KEYS[8]) or '0')
 if part ~= tonumber(ARGV[2]) then return redis.error_reply('PART_MOVED') end
 local completed = tonumber(ARGV[4])
 local newly = 0
-for i = 5, 4 + completed do newly = newly + mark_done(ARGV[i]) end
-for i = 5 + completed, #ARGV, 3 do mark_dead(ARGV[i], ARGV[i + 1], KEYS[10], ARGV[i + 2]) end
+for i = 5, 4 + completed do newly = newly + mark_done(ARGV[i], KEYS[11]) end
+for i = 5 + completed, #ARGV, 3 do mark_dead(ARGV[i], ARGV[i + 1], KEYS[10], ARGV[i + 2], KEYS[11]) end
 redis.call('RPUSH', KEYS[9], ARGV[3])
 redis.call('SET', KEYS[8], part + 1)
 return newly
@@ -186,13 +207,13 @@ return newly
 
 # Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
 # and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, dead,
-# dead_pending, enqueued.
+# dead_pending, enqueued, turns.
 MARK_COMMITTED = (
     _MARK_COMMITTED_HELPERS
     + """
 local newly = 0
 for _, id in ipairs(cjson.decode(ARGV[1])) do
-  newly = newly + mark_done(id)
+  newly = newly + mark_done(id, KEYS[8])
   redis.call('SADD', KEYS[7], id)
 end
 return newly
@@ -395,6 +416,7 @@ class Scripts:
     stage: Script
     dead_letter: Script
     strike: Script
+    keep_turns: Script
     commit: Script
     mark_committed: Script
     extend_lock: Script
@@ -416,6 +438,7 @@ class Scripts:
             stage=client.register_script(STAGE),
             dead_letter=client.register_script(DEAD_LETTER),
             strike=client.register_script(STRIKE),
+            keep_turns=client.register_script(KEEP_TURNS),
             commit=client.register_script(COMMIT),
             mark_committed=client.register_script(MARK_COMMITTED),
             extend_lock=client.register_script(EXTEND_LOCK),

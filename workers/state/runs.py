@@ -7,7 +7,7 @@ import enum
 import msgspec
 import redis
 
-from inference.records import Record, SamplingSettings
+from inference.records import Record, SamplingSettings, Turns
 from workers.errors import RunBroken
 from workers.state.keys import RunKeys
 
@@ -42,6 +42,12 @@ class RunSettings(Record, frozen=True):
     gate: QualityGate = QualityGate()
     truncated_thinking: TruncationPolicy = TruncationPolicy.KEEP
     retry_max_tokens_cap: int = DEFAULT_RETRY_MAX_TOKENS_CAP
+    # A new run regenerates every turn (NEW_RUN_TURNS); a run pinned before `turns` existed answered
+    # the last turn only, and goes on doing so.
+    turns: Turns = Turns.LAST
+
+
+NEW_RUN_TURNS = Turns.ALL
 
 
 def encode_run_settings(settings: RunSettings) -> bytes:

@@ -1,13 +1,18 @@
 """The vocabulary of a run's `stats` hash: written by the ledger's scripts, read by the gate, status, metrics.
 
-Counters over staged completions: `completions`, the token totals, `quality:<label>`, `finish:<reason>`;
+Counters over staged completions: `completions` (rows: a conversation is one), `turns` (generated
+assistant turns: a conversation of 4 counts 4), the token totals (every turn's), and over their turns
+`quality:<label>`, `finish:<reason>`;
 over dead letters: `dead:<reason>`; `first_completion_at` (Redis clock, seconds); and
 `token_ids_missing`, completions that came without their token ids (a server older than SGLang 0.5.23).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 COMPLETIONS = "completions"
+TURNS = "turns"
 COMPLETION_TOKENS = "completion_tokens"
 REASONING_TOKENS = "reasoning_tokens"
 PROMPT_TOKENS = "prompt_tokens"
@@ -16,6 +21,12 @@ TOKEN_IDS_MISSING = "token_ids_missing"  # completions whose server returned no 
 QUALITY_PREFIX = "quality:"
 FINISH_PREFIX = "finish:"
 DEAD_PREFIX = "dead:"
+
+
+def generated_turns(counters: Mapping[str, int]) -> int:
+    """The assistant turns generated, which the quality and finish counters count. Counters kept before
+    `turns` existed have their completions, one turn each."""
+    return max(counters.get(TURNS, 0), counters.get(COMPLETIONS, 0))
 
 
 def quality_field(label: str) -> str:
