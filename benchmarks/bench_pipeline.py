@@ -9,8 +9,13 @@ side by side in one run:
   - pipeline: the default generate worker (batches of 32, 8 held, one shared 48-request window);
   - conversations: the same worker on conversations of 1 to 6 user turns (uniformly, seeded), every
     turn regenerated in order (`--turns all`): about as many requests as `--prompts`.
-Steady-state throughput is measured from the server's request log, over the span in which requests
-were still arriving (every client drains at the very end; that tail is reported apart as makespan).
+Steady-state throughput is measured from the server's request log, over the span in which prompts
+were still starting: up to the first request of the last prompt to start (every client drains at the
+very end, and a conversation's later turns are its drain; that tail is reported apart as makespan).
+`slots held`: how full the client keeps the server, the mean over that span of min(requests the server
+holds, 48) ÷ 48. Tokens fall short of capacity also while the server prefills (every running request
+waits for a prefill batch in the simulator, which has no prefix cache: a conversation's later turns
+carry their history, prefilled anew), so for conversations the slots held say what the worker does.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--prompts 480] [--speedup 20] [--length-mix reasoning]
 
@@ -87,12 +92,14 @@ class Measured:
     makespan_s: float
     total_tokens: int
     short_share: float  # of instants while requests still arrived, with fewer than 48 running
+    held_share: float  # mean of min(requests the server holds, 48) ÷ 48 over those instants
 
     def row(self, capacity: float) -> str:
         ideal_s = self.total_tokens / capacity
         return (
             f"{self.name:<12} {self.steady_tokens_per_s:>12.0f} {self.steady_tokens_per_s / capacity:>10.3f}"
             f" {self.makespan_s:>10.1f} {self.makespan_s / ideal_s:>10.3f} {self.short_share:>10.3f}"
+            f" {self.held_share:>10.3f}"
         )
 
 
@@ -101,7 +108,11 @@ def measure(name: str, records: list[RequestRecord]) -> Measured:
     request's decode span."""
     done = [r for r in records if r.status == "ok" and r.finished_at is not None]
     start = min(r.received_at for r in done)
-    last_arrival = max(r.received_at for r in done)
+    first_request: dict[str, float] = {}
+    for record in done:
+        prompt_id = record.rid.split(":")[1]
+        first_request[prompt_id] = min(record.received_at, first_request.get(prompt_id, record.received_at))
+    last_arrival = max(first_request.values())  # the last prompt to start: after it, the drain
     end = max(r.finished_at for r in done if r.finished_at is not None)
     window_start = start + WARMUP_FRACTION * (last_arrival - start)
     produced = 0.0
@@ -116,12 +127,14 @@ def measure(name: str, records: list[RequestRecord]) -> Measured:
         sum(1 for r in done if (r.first_token_at or r.received_at) <= t < (r.finished_at or t))
         for t in instants
     ]
+    held = [sum(1 for r in done if r.received_at <= t < (r.finished_at or t)) for t in instants]
     return Measured(
         name=name,
         steady_tokens_per_s=produced / (last_arrival - window_start),
         makespan_s=end - start,
         total_tokens=sum(r.completion_tokens for r in done),
         short_share=sum(count < WINDOW for count in running) / SAMPLES,
+        held_share=sum(min(count, WINDOW) for count in held) / (WINDOW * SAMPLES),
     )
 
 
@@ -244,7 +257,7 @@ def main() -> int:
     print(f"capacity: {capacity:.0f} output tokens/s (wall) with every slot busy")
     print(
         f"{'client':<12} {'steady tok/s':>12} {'÷ capacity':>10} {'makespan s':>10} {'÷ ideal':>10}"
-        f" {'<48 running':>10}"
+        f" {'<48 running':>10} {'slots held':>10}"
     )
     for measured in results:
         print(measured.row(capacity))

@@ -7,7 +7,10 @@ Real: every Lua script; the enqueue (`Enqueuer.enqueue`); a generate message's w
 and the `unacked` hash), which the reconciler reads.
 
 Modelled: the SGLang server (each request is answered, refused with a 400, or gets no answer, as the
-schedule's generator draws; the prompts of one poison batch make it raise unexpectedly, every time);
+schedule's generator draws; every CONVERSATION_EVERY-th prompt is a conversation of 2 or 3 turns,
+generated turn by turn as the engine does: its finished turns kept with the run (`keep_turns`), a
+later delivery resuming after them (`kept_turns`), staged whole after its last; the prompts of one
+poison batch make it raise unexpectedly, every time);
 Celery's delivery (a worker pops a message and records it unacked, a task's return acks it, RetryLater
 publishes the retry with its countdown and then acks); time (a fake monotonic clock for the lease
 keepers, and Redis's clock-scored sets and key expiries shifted back when time passes); the upload
@@ -27,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import redis
 
-from inference.records import DeadLetter, DeadLetterReason, Origin, Prompt, SamplingSettings
+from inference.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
 from producer.recover import write_run_settings
@@ -56,6 +60,8 @@ RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED = "answered", "refused", "unanswered"
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
+CONVERSATION_EVERY = 3  # prompts p000, p003, ... are conversations regenerated turn by turn
+CONVERSATION_TURNS = (2, 3)
 MS_PER_S = 1000
 CLOCK_START_S = 1_000.0
 
@@ -75,6 +81,21 @@ for i = tonumber(ARGV[2]) + 1, #KEYS do
 end
 return 1
 """
+
+
+def explored_prompt(index: int) -> Prompt:
+    """Prompt `p<index>`: a conversation of 2 or 3 turns every CONVERSATION_EVERY-th, else one question."""
+    one = prompt(f"p{index:03d}")
+    if index % CONVERSATION_EVERY:
+        return one
+    turns = CONVERSATION_TURNS[index // CONVERSATION_EVERY % len(CONVERSATION_TURNS)]
+    questions = [Message(role="user", content=f"{one.id} question {turn}") for turn in range(1, turns + 1)]
+    return msgspec.structs.replace(one, messages=questions, turn_ends=list(range(1, turns + 1)))
+
+
+def turn_answer(prompt_id: str, turn: int) -> str:
+    """What the modelled server answers to a turn (the same on every delivery, as a seeded server does)."""
+    return f"{prompt_id} answer {turn}"
 
 
 @dataclass(frozen=True)
@@ -415,7 +436,7 @@ class Fleet:
         self.settings = RunSettings(
             run=RUN, sampling=SamplingSettings(), output_url=self.store.url, batch_size=shape.batch_size
         )
-        self.prompts = [prompt(f"p{i:03d}") for i in range(shape.prompts)]
+        self.prompts = [explored_prompt(i) for i in range(shape.prompts)]
         first_poisoned = rng.randrange(0, shape.prompts, shape.batch_size)
         self.poison_prompts = (
             {p.id for p in self.prompts[first_poisoned : first_poisoned + shape.batch_size]}
@@ -442,18 +463,34 @@ class Fleet:
     # ------------------------------------------------------------------ what processes do
 
     def generate_one(self, job: ModelledJob, one: Prompt) -> None:
-        """One request of a prompt: answered (staged), refused (dead-lettered) or unanswered."""
-        if not job.still_held():
-            job.outcome.unreachable.append(one.id)
-            job.outcome.last_error = "lease lost"
+        """A prompt's requests, one per turn: each answered, refused (the prompt is dead-lettered) or
+        unanswered (left pending). The last turn's answer stages the prompt, whole."""
+        finished = job.handover.kept_turns([one.id]).get(one.id, []) if one.turn_ends else []
+        for turn in range(len(finished) + 1, one.turn_count + 1):
+            if not job.still_held():
+                job.outcome.unreachable.append(one.id)
+                job.outcome.last_error = "lease lost"
+                return
+            fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
+            if fate == UNANSWERED:
+                job.outcome.unreachable.append(one.id)
+                job.outcome.last_error = "no answer from the modelled server"
+                return
+            if fate == ANSWERED and turn < one.turn_count:
+                finished.append(completion(one.id, content=turn_answer(one.id, turn)).as_turn())
+                job.handover.keep_turns(one.id, finished)
+                continue
+            self._settle_one(job, one, fate, turn, finished)
             return
-        fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
-        if fate == UNANSWERED:
-            job.outcome.unreachable.append(one.id)
-            job.outcome.last_error = "no answer from the modelled server"
-            return
+
+    def _settle_one(self, job: ModelledJob, one: Prompt, fate: str, turn: int, finished: list[Turn]) -> None:
         if fate == ANSWERED:
-            handed = job.handover.stage(completion(one.id))
+            last = completion(one.id, content=turn_answer(one.id, turn))
+            if one.turn_ends:
+                last = msgspec.structs.replace(
+                    last, earlier_turns=finished, conversation_turns=one.turn_count
+                )
+            handed = job.handover.stage(last)
         else:
             letter = DeadLetter(
                 prompt_id=one.id,
@@ -461,6 +498,7 @@ class Fleet:
                 reason=DeadLetterReason.REJECTED_BY_SERVER,
                 error="HTTP 400",
                 attempts=1,
+                turn=turn if one.turn_ends else 0,
             )
             handed = job.handover.dead_letter(letter)
         if not handed:

@@ -4,9 +4,11 @@ After every step:
 - no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice);
 - no lease a holder gave up (handed back, or finished) is held again in Redis by that holder;
 - the output commits no prompt twice, and none both as a completion and as a dead letter;
-- `status` says `finished` only when the output holds every prompt Redis counts as enqueued.
+- `status` says `finished` only when the output holds every prompt Redis counts as enqueued;
+- no conversation staged, done or dead still has turns kept for a resume.
 At the end, once faults have stopped and the fleet has worked on: the output alone (no Redis) holds
-every input prompt exactly once, committed or dead-lettered, and `status` says `finished`.
+every input prompt exactly once, committed or dead-lettered, every committed conversation holds all its
+turns in order, no turns are kept any more, and `status` says `finished`.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from inference.records import PromptBatch
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run
-from tests.explorer.fleet import RUN, Fleet
-from workers.record.manifest import MANIFEST_PREFIX
+from tests.explorer.fleet import RUN, Fleet, turn_answer
+from workers.record.manifest import MANIFEST_PREFIX, completion_keys, read_manifest
+from workers.record.parquet_io import read_completions
 from workers.record.reading import read_committed
 from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
@@ -34,7 +37,14 @@ repeat
   cursor = page[1]
   for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
 until cursor == '0'
-return {blobs, redis.call('HGETALL', KEYS[1])}
+local settled_but_kept = {}
+for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if redis.call('SISMEMBER', KEYS[3], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1
+    or redis.call('HEXISTS', KEYS[5], id) == 1 then
+    table.insert(settled_but_kept, id)
+  end
+end
+return {blobs, redis.call('HGETALL', KEYS[1]), settled_but_kept}
 """
 
 
@@ -50,14 +60,19 @@ class Invariants:
         self.checked = 0
 
     def after_step(self) -> list[str]:
-        blobs, holders = self._read(keys=[self._keys.lease_owners], args=[f"{self._keys.batches_prefix}*"])
+        keys = self._keys
+        blobs, holders, settled_but_kept = self._read(
+            keys=[keys.lease_owners, keys.turns, keys.done, keys.staged, keys.dead],
+            args=[f"{keys.batches_prefix}*"],
+        )
         found = [
             *self._batches(blobs),
             *self._revived_leases(dict(zip(holders[::2], holders[1::2], strict=True))),
             *self._output(),
             *self._status(),
+            *(f"conversation {raw.decode()} is settled and still has turns kept" for raw in settled_but_kept),
         ]
-        self.checked += 4
+        self.checked += 5
         return found
 
     def _batches(self, blobs: list[bytes]) -> list[str]:
@@ -126,8 +141,25 @@ class Invariants:
         lacking = sorted(wanted - set(held))
         if lacking:
             found.append(f"the output lacks input prompts {lacking}")
+        found += self._conversations()
+        if self._fleet.admin.hlen(self._keys.turns):
+            found.append(f"turns are still kept of {self._fleet.admin.hkeys(self._keys.turns)}")
         if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:
             found.append(f"status is not finished: {gather_status(self._fleet.admin, RUN).progress}")
+        return found
+
+    def _conversations(self) -> list[str]:
+        """Every committed conversation holds its turns in order, each answered once."""
+        turns = {one.id: one.turn_count for one in self._fleet.prompts if one.turn_ends}
+        found = []
+        for key in completion_keys(read_manifest(self._fleet.store)):
+            for row in read_completions(self._fleet.store.get(key)):
+                if row.prompt_id not in turns:
+                    continue
+                answers = [turn.content for turn in row.turns()]
+                wanted = [turn_answer(row.prompt_id, j) for j in range(1, turns[row.prompt_id] + 1)]
+                if answers != wanted or row.conversation_turns != turns[row.prompt_id]:
+                    found.append(f"conversation {row.prompt_id} is committed with turns {answers}")
         return found
 
     def finished(self) -> bool:

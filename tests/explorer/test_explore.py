@@ -23,7 +23,7 @@ from tests.explorer.fleet import InlineExecutor, NoRenewer
 
 pytestmark = pytest.mark.integration
 
-SCHEDULES_IN_CI = 150  # ~5.5 minutes on two idle cores (each schedule: ~630 actions, 4 checks after each)
+SCHEDULES_IN_CI = 150  # ~5.5 minutes on two idle cores (each schedule: ~630 actions, 5 checks after each)
 # Room for a machine six times slower than idle: a busy CI runner, or `--explore N` under load.
 TIMEOUT_PER_SCHEDULE_S = 15
 CI_FIRST_SEED = 0  # CI replays the same schedules every time; `--explore` picks new ones
