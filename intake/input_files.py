@@ -52,16 +52,21 @@ from intake.input_stores import (
     S3InputFiles,
     default_s3_client,
 )
+from intake.limits import DEFAULT_READ_LIMITS, OVERLONG_LINE_SKIP_FACTOR, ReadLimits
+from intake.parquet_pages import UnreadablePageHeader, uncompressed_page_bytes
+from intake.row_sizes import row_sizes_bytes
 
 if sys.version_info >= (3, 14):
     from compression import zstd
 else:
     from backports import zstd
 
-ROWS_PER_BATCH = 1024  # rows decoded to Python at a time from Parquet/Arrow
+ROWS_PER_BATCH = 1024  # rows read at a time from Parquet/Arrow (then turned into Python by byte budget)
+PARQUET_READ_BUFFER_BYTES = 1024 * 1024  # a column chunk is streamed in pieces, not read whole
 UTF8_BOM = b"\xef\xbb\xbf"
 HF_STATE_FILE = "state.json"
 HF_DATASET_DICT_FILE = "dataset_dict.json"
+MAX_STATE_FILE_BYTES = 16 * 1024 * 1024  # a state.json lists shards: a few KB even for thousands of them
 SIDE_FILE_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".crc")
 SIDE_FILE_NAMES = frozenset({"dataset_info.json", "dataset_infos.json", "config.json"})
 SKIPPED_NAME_PREFIXES = (".", "_")
@@ -113,8 +118,10 @@ def open_rows(
     *,
     columns: ColumnSelection | None = None,
     s3_client_factory: S3ClientFactory = default_s3_client,
+    limits: ReadLimits = DEFAULT_READ_LIMITS,
 ) -> Generator[SourceRow, None, None]:
-    """Resolve DATA now (raising SourceError if it cannot be read at all), then stream its rows."""
+    """Resolve DATA now (raising SourceError if it cannot be read at all), then stream its rows, none
+    longer than `limits` allows (intake/limits.py)."""
     if not data.strip():
         raise SourceError("DATA is empty: pass a file, a folder or an s3:// URL")
     if data.startswith(S3_SCHEME):
@@ -122,7 +129,7 @@ def open_rows(
     else:
         store = LocalInputFiles(Path(data))
     files = _data_files(store, data)
-    readers = [_open_reader(store, data_file, columns) for data_file in files]
+    readers = [_open_reader(store, data_file, columns, limits) for data_file in files]
     return _rows_of(readers)
 
 
@@ -176,9 +183,9 @@ def _kind_of(name: str, store: InputFiles) -> FileKind:
 def _hugging_face_shards(store: InputFiles, folder: str) -> list[_DataFile]:
     state_name = _join(folder, HF_STATE_FILE)
     try:
-        state = json.loads(store.read_text(state_name))
+        state = json.loads(store.read_text(state_name, MAX_STATE_FILE_BYTES))
         shard_names = [entry["filename"] for entry in state["_data_files"]]
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise SourceError(f"{state_name}: not a datasets state file ({error!r})") from error
     if not shard_names:
         raise SourceError(f"{state_name}: lists no data files")
@@ -211,15 +218,19 @@ class _Reader:
     rows: Callable[[], Iterator[SourceRow]]
 
 
-def _open_reader(store: InputFiles, data_file: _DataFile, columns: ColumnSelection | None) -> _Reader:
+def _open_reader(
+    store: InputFiles, data_file: _DataFile, columns: ColumnSelection | None, limits: ReadLimits
+) -> _Reader:
     name, label = data_file.name, data_file.label
     if data_file.kind is FileKind.PARQUET:
-        names = _columns_to_read(_parquet_schema(store, name), columns, name)
-        return _Reader(name, lambda: _parquet_rows(store.open(name), names, label))
+        metadata = _parquet_metadata(store, name)
+        names = _columns_to_read(metadata.schema.to_arrow_schema(), columns, name)
+        stored_bytes = _check_row_groups(metadata, names, name, limits)
+        return _Reader(name, lambda: _parquet_rows(store.open(name), names, label, limits, stored_bytes))
     if data_file.kind is FileKind.ARROW_STREAM:
         names = _columns_to_read(_arrow_stream_schema(store, name), columns, name)
-        return _Reader(name, lambda: _arrow_stream_rows(store.open(name), names, label))
-    return _Reader(name, lambda: _jsonl_rows(store.open(name), data_file.kind, label))
+        return _Reader(name, lambda: _arrow_stream_rows(store.open(name), names, label, limits))
+    return _Reader(name, lambda: _jsonl_rows(store.open(name), data_file.kind, label, limits))
 
 
 def _rows_of(readers: list[_Reader]) -> Generator[SourceRow, None, None]:
@@ -231,6 +242,9 @@ def _rows_of(readers: list[_Reader]) -> Generator[SourceRow, None, None]:
                 yield source_row
         except _ReadErrors as error:
             raise SourceError(f"{reader.name}: unreadable after row {last_row}: {error}") from error
+        except SourceError as error:  # a bound the file broke, part-way
+            after = f"after row {last_row}: " if last_row else ""
+            raise SourceError(f"{reader.name}: {after}{error}") from error
 
 
 def _decompressed(raw: io.BufferedIOBase, kind: FileKind) -> io.BufferedIOBase:
@@ -242,31 +256,128 @@ def _decompressed(raw: io.BufferedIOBase, kind: FileKind) -> io.BufferedIOBase:
     return raw
 
 
-def _jsonl_rows(raw: io.BufferedIOBase, kind: FileKind, label: str) -> Iterator[SourceRow]:
+def _jsonl_rows(
+    raw: io.BufferedIOBase, kind: FileKind, label: str, limits: ReadLimits
+) -> Iterator[SourceRow]:
+    compressed_bytes = None if kind is FileKind.JSONL else raw.tell
     with raw, _decompressed(raw, kind) as stream:
-        for line_number, line in enumerate(stream, start=1):
+        lines = _bounded_lines(stream, limits, compressed_bytes)
+        for line_number, line in enumerate(lines, start=1):
+            if isinstance(line, UnreadableRow):
+                yield SourceRow(row=line_number, value=line, file=label)
+                continue
             text = (line.removeprefix(UTF8_BOM) if line_number == 1 else line).rstrip(b"\r\n")
             if not text.strip():
                 continue
-            try:
-                value: object = msgspec.json.decode(text)
-            except msgspec.DecodeError as error:
-                value = UnreadableRow(reason=f"invalid JSON: {error}")
-            yield SourceRow(row=line_number, value=value, file=label)
+            yield SourceRow(row=line_number, value=_decoded(text), file=label)
 
 
-def _parquet_schema(store: InputFiles, name: str) -> pa.Schema:
+def _decoded(text: bytes) -> object:
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError as error:
+        return UnreadableRow(reason=f"invalid JSON: {error}")
+    except RecursionError:
+        return UnreadableRow(reason="invalid row: nested deeper than the JSON decoder goes")
+
+
+def _bounded_lines(
+    stream: io.BufferedIOBase, limits: ReadLimits, compressed_bytes: Callable[[], int] | None
+) -> Iterator[bytes | UnreadableRow]:
+    """Each line, never holding more than the row limit: a longer line is read through in pieces and
+    yields its rejection. A line with no end in sight, or a compressed file inflating far beyond any
+    text's ratio, refuses the file (SourceError)."""
+    limit = limits.max_row_bytes
+    line_number, read_bytes = 0, 0
+    while line := stream.readline(limit + 1):
+        line_number += 1
+        read_bytes += len(line)
+        if compressed_bytes is not None:
+            limits.check_expansion(read_bytes, compressed_bytes())
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n") and (line := stream.readline(limit)):
+            size += len(line)
+            read_bytes += len(line)
+            if compressed_bytes is not None:
+                limits.check_expansion(read_bytes, compressed_bytes())
+            if size > limits.overlong_line_skip_bytes:
+                raise SourceError(
+                    f"line {line_number} runs on past {size:,} bytes without a line end, over "
+                    f"{OVERLONG_LINE_SKIP_FACTOR} times the row limit of {limit:,}: not a file of JSON "
+                    "lines: refused"
+                )
+        yield UnreadableRow(reason=limits.over_limit(size - len(line) + len(line.rstrip(b"\r\n"))))
+
+
+def _parquet_metadata(store: InputFiles, name: str) -> pq.FileMetaData:
     try:
         with store.open(name) as stream:
-            return pq.ParquetFile(stream).schema_arrow
+            return pq.ParquetFile(stream).metadata
     except _ReadErrors as error:
         raise SourceError(f"{name}: not a readable Parquet file: {error}") from error
 
 
-def _parquet_rows(stream: io.BufferedIOBase, columns: list[str], label: str) -> Iterator[SourceRow]:
-    with stream, pq.ParquetFile(stream, pre_buffer=False) as parquet:
-        batches = parquet.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns, use_threads=False)
-        yield from _batch_rows(batches, label)
+def _check_row_groups(metadata: pq.FileMetaData, columns: list[str], name: str, limits: ReadLimits) -> int:
+    """Refuse a row group whose rows hold more than the row limit on average: some of them are over it, and
+    a cell cannot be sized before it is read whole (a few KB of zstd can hold a gigabyte-long cell). The
+    bytes these columns take in the file."""
+    first_row, stored_bytes = 1, 0
+    for index in range(metadata.num_row_groups):
+        group = metadata.row_group(index)
+        chunks = [group.column(column) for column in range(group.num_columns)]
+        read = [chunk for chunk in chunks if chunk.path_in_schema.split(".")[0] in columns]
+        size = sum(chunk.total_uncompressed_size for chunk in read)
+        stored_bytes += sum(chunk.total_compressed_size for chunk in read)
+        if size > max(group.num_rows, 1) * limits.max_row_bytes:
+            rows = f"rows {first_row}-{first_row + group.num_rows - 1}"
+            raise SourceError(
+                f"{name}: row group {index} ({rows}) holds {size:,} bytes in {group.num_rows:,} rows, more "
+                f"than the row limit of {limits.max_row_bytes:,} a row: refused (--max-row-bytes raises it)"
+            )
+        first_row += group.num_rows
+    return stored_bytes
+
+
+def _parquet_rows(
+    stream: io.BufferedIOBase, columns: list[str], label: str, limits: ReadLimits, stored_bytes: int
+) -> Iterator[SourceRow]:
+    with stream, pq.ParquetFile(stream, pre_buffer=False, buffer_size=PARQUET_READ_BUFFER_BYTES) as parquet:
+        yield from _batch_rows(
+            _parquet_batches(parquet, stream, columns, limits), label, limits, lambda: stored_bytes
+        )
+
+
+def _parquet_batches(
+    parquet: pq.ParquetFile, stream: io.BufferedIOBase, columns: list[str], limits: ReadLimits
+) -> Iterator[pa.RecordBatch]:
+    """Each row group's rows in batches sized for it (`_rows_per_batch`)."""
+    for group in range(parquet.metadata.num_row_groups):
+        batch_rows = _rows_per_batch(parquet.metadata.row_group(group), columns, stream, limits)
+        yield from parquet.iter_batches(
+            batch_size=batch_rows, row_groups=[group], columns=columns, use_threads=False
+        )
+
+
+def _rows_per_batch(
+    group: pq.RowGroupMetaData, columns: list[str], stream: io.BufferedIOBase, limits: ReadLimits
+) -> int:
+    """As many rows as fit the batch budget even if each repeats its dictionaries' longest possible value
+    (a dictionary page's size bounds it), on as many items as the group's rows hold on average."""
+    row_bytes = 0
+    for chunk in (group.column(index) for index in range(group.num_columns)):
+        if chunk.has_dictionary_page and chunk.path_in_schema.split(".")[0] in columns:
+            position = stream.tell()
+            try:
+                page_bytes = uncompressed_page_bytes(stream, chunk.dictionary_page_offset)
+            except UnreadablePageHeader:
+                page_bytes = chunk.total_uncompressed_size
+            finally:
+                stream.seek(position)
+            row_bytes += page_bytes * max(1, -(-chunk.num_values // max(group.num_rows, 1)))
+    return max(1, min(ROWS_PER_BATCH, limits.batch_bytes // max(row_bytes, 1)))
 
 
 def _arrow_stream_schema(store: InputFiles, name: str) -> pa.Schema:
@@ -277,17 +388,52 @@ def _arrow_stream_schema(store: InputFiles, name: str) -> pa.Schema:
         raise SourceError(f"{name}: not a readable Arrow stream file: {error}") from error
 
 
-def _arrow_stream_rows(stream: io.BufferedIOBase, columns: list[str], label: str) -> Iterator[SourceRow]:
+def _arrow_stream_rows(
+    stream: io.BufferedIOBase, columns: list[str], label: str, limits: ReadLimits
+) -> Iterator[SourceRow]:
     with stream, pa.ipc.open_stream(stream) as reader:
-        yield from _batch_rows((batch.select(columns) for batch in reader), label)
+        yield from _batch_rows((batch.select(columns) for batch in reader), label, limits, stream.tell)
 
 
-def _batch_rows(batches: Iterator[pa.RecordBatch], label: str) -> Iterator[SourceRow]:
-    row = 0
+def _batch_rows(
+    batches: Iterator[pa.RecordBatch], label: str, limits: ReadLimits, stored_bytes: Callable[[], int]
+) -> Iterator[SourceRow]:
+    """Each batch's rows sized first: one over the limit is rejected without being turned into Python, the
+    others become Python objects at most `limits.batch_bytes` at a time."""
+    row, read_bytes = 0, 0
     for batch in batches:
-        for value in batch.to_pylist():
-            row += 1
-            yield SourceRow(row=row, value=value, file=label)
+        sizes = row_sizes_bytes(batch)
+        read_bytes += sum(sizes)
+        limits.check_expansion(read_bytes, stored_bytes())
+        for start, end in _slices(sizes, limits):
+            if sizes[start] > limits.max_row_bytes:
+                values: list[object] = [UnreadableRow(reason=limits.over_limit(sizes[start]))]
+            else:
+                values = batch.slice(start, end - start).to_pylist()
+            for value in values:
+                row += 1
+                yield SourceRow(row=row, value=value, file=label)
+
+
+def _slices(sizes: list[int], limits: ReadLimits) -> Iterator[tuple[int, int]]:
+    """Runs of consecutive rows within the row limit, each of at most batch_bytes (or one row); a row over
+    the limit is a run of its own."""
+    if sizes and max(sizes) <= limits.max_row_bytes and sum(sizes) <= limits.batch_bytes:
+        yield 0, len(sizes)
+        return
+    start, taken_bytes = 0, 0
+    for index, size in enumerate(sizes):
+        over = size > limits.max_row_bytes
+        if index > start and (over or taken_bytes + size > limits.batch_bytes):
+            yield start, index
+            start, taken_bytes = index, 0
+        if over:
+            yield index, index + 1
+            start = index + 1
+        else:
+            taken_bytes += size
+    if start < len(sizes):
+        yield start, len(sizes)
 
 
 def _columns_to_read(schema: pa.Schema, columns: ColumnSelection | None, file_name: str) -> list[str]:

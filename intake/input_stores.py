@@ -32,7 +32,7 @@ class InputFiles(Protocol):
 
     def is_file(self, name: str) -> bool: ...
     def list_under(self, folder: str) -> dict[str, str]: ...  # every file below: name -> relative path
-    def read_text(self, name: str) -> str: ...
+    def read_text(self, name: str, max_bytes: int) -> str: ...  # SourceError when longer
     def open(self, name: str) -> io.BufferedIOBase: ...
 
 
@@ -66,8 +66,8 @@ class LocalInputFiles:
         root = Path(folder)
         return {str(path): path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()}
 
-    def read_text(self, name: str) -> str:
-        return Path(name).read_text(encoding="utf-8")
+    def read_text(self, name: str, max_bytes: int) -> str:
+        return _bounded_text(self.open(name), name, max_bytes)
 
     def open(self, name: str) -> io.BufferedIOBase:
         return io.BufferedReader(io.FileIO(name), buffer_size=READ_BUFFER_BYTES)
@@ -113,9 +113,8 @@ class S3InputFiles:
             raise SourceError(f"{folder}: no such S3 object or prefix")
         return {self._url(key): key.removeprefix(prefix).lstrip("/") for key in keys}
 
-    def read_text(self, name: str) -> str:
-        with self.open(name) as stream:
-            return stream.read().decode("utf-8")
+    def read_text(self, name: str, max_bytes: int) -> str:
+        return _bounded_text(self.open(name), name, max_bytes)
 
     def open(self, name: str) -> io.BufferedIOBase:
         key = self._key(name)
@@ -143,6 +142,17 @@ class S3InputFiles:
 
     def _url(self, key: str) -> str:
         return f"{S3_SCHEME}{self._bucket}/{key}"
+
+
+def _bounded_text(stream: io.BufferedIOBase, name: str, max_bytes: int) -> str:
+    with stream:
+        data = stream.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise SourceError(f"{name}: longer than {max_bytes:,} bytes, too long for what it should be: refused")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SourceError(f"{name}: not UTF-8 text ({error})") from error
 
 
 def _error_code(error: ClientError) -> str:

@@ -1,10 +1,10 @@
 """Prompt ids: the row's own id when it has one, else a stable hash of its normalised messages.
 
 Explicit ids come from the first of these fields that is present and not null: `id`, then
-`custom_id` (OpenAI batch files), then `uuid`. A string id is used exactly as written (it must
-hold a non-whitespace character and be at most `MAX_ID_CHARS` long); an integer becomes its
-decimal string. Any other type is a rejection, never a silent fall-back to the hash, because two
-runs of the same data must agree on every id.
+`custom_id` (OpenAI batch files), then `uuid` (or the one field a run maps with `--id-field`). A
+string id is used exactly as written (it must hold a non-whitespace character and be at most
+`MAX_ID_CHARS` long); an integer becomes its decimal string. Any other type is a rejection, never a
+silent fall-back to the hash, because two runs of the same data must agree on every id.
 
 Hashed ids are computed from the messages AFTER normalisation (rows.py: roles mapped to
 system/user/assistant, text parts joined, trailing assistant turns dropped), so the same
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from inference.records import Message
 
@@ -37,9 +37,9 @@ class InvalidId(ValueError):
     """The row's explicit id cannot be used; the message names the field."""
 
 
-def explicit_id(row: Mapping[str, object]) -> str | None:
+def explicit_id(row: Mapping[str, object], fields: Iterable[str] = ID_FIELDS) -> str | None:
     """The row's own id, None when it has none, or InvalidId when the one it has is unusable."""
-    for field in ID_FIELDS:
+    for field in fields:
         value = row.get(field)
         if value is None:
             continue

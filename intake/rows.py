@@ -1,13 +1,16 @@
 """One raw dataset row in, one `Prompt` or one `RejectedRow` out. Never raises for bad data.
 
-Row formats, tried in this order; the first field that is present and not null decides:
-- `messages` (OpenAI): a list of {role, content}. content is a string or a list of content parts;
-  text parts are joined with nothing between them (as Qwen-style chat templates render a part
-  list); any other part type (image_url, input_audio...) is rejected. Roles: system, user,
-  assistant, and `developer`, OpenAI's newer name for the system role, which becomes `system`
-  because chat templates of open models do not know it. tool/function turns are rejected.
-- `conversations` (ShareGPT): a list of {from, value}; from is human/user -> user,
-  gpt/assistant/chatgpt/bing -> assistant, system -> system.
+Row formats, tried in this order; the first field that is present and not null decides (the fields are
+the run's `RowFields`, intake/row_fields.py; these are the default names):
+- `messages` or `conversations`: a list of turns, each in one of two shapes, told apart by the first
+  turn's keys (a `from` key and no `role` is ShareGPT):
+  - OpenAI: {role, content}. content is a string or a list of content parts; text parts are joined
+    with nothing between them (as Qwen-style chat templates render a part list); any other part type
+    (image_url, input_audio...) is rejected. Roles: system, user, assistant, and `developer`, OpenAI's
+    newer name for the system role, which becomes `system` because chat templates of open models do
+    not know it. tool/function turns are rejected.
+  - ShareGPT: {from, value}; from is human/user -> user, gpt/assistant/chatgpt/bing -> assistant,
+    system -> system.
 - `prompt`: a non-empty string, becoming one user turn.
 A row may also carry a `system` string (LLaMA-Factory's ShareGPT layout does): when non-empty it
 becomes the first turn, unless the conversation already starts with that same system turn; a
@@ -31,20 +34,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from inference.records import Message, Prompt, Turns
-from intake.prompt_ids import ID_FIELDS, InvalidId, explicit_id, hashed_id
+from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
+from intake.prompt_ids import InvalidId, explicit_id, hashed_id
 from intake.rejected import RejectedRow
+from intake.row_fields import CONVERSATIONS_FIELD, DEFAULT_ROW_FIELDS, MAPPING_FLAGS, RowFields
 
 SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
-
-MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD, SYSTEM_FIELD = (
-    "messages",
-    "conversations",
-    "prompt",
-    "system",
-)
-FORMAT_FIELDS = (MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD)
-ROW_FIELDS = (*FORMAT_FIELDS, SYSTEM_FIELD, *ID_FIELDS)  # every field a row is read from
-NO_FORMAT_FIELD = "no messages, conversations or prompt field"
+SHAREGPT_ROLE_KEY, SHAREGPT_TEXT_KEY, OPENAI_ROLE_KEY, OPENAI_TEXT_KEY = "from", "value", "role", "content"
+FIELDS_NAMED_AT_MOST = 8  # of a row without a prompt, the fields its rejection names
+FIELD_NAME_CHARS_SHOWN = 40
 
 OPENAI_ROLES = {SYSTEM: SYSTEM, "developer": SYSTEM, USER: USER, ASSISTANT: ASSISTANT}
 SHAREGPT_ROLES = {
@@ -59,11 +57,6 @@ SHAREGPT_ROLES = {
 TOOL_ROLES = frozenset({"tool", "function", "ipython", "function_call", "observation"})
 TEXT_PART_TYPE = "text"
 NUL = "\x00"
-CONTENT_PATHS = {
-    MESSAGES_FIELD: MESSAGES_FIELD + "[{index}].content",
-    CONVERSATIONS_FIELD: CONVERSATIONS_FIELD + "[{index}].value",
-    PROMPT_FIELD: PROMPT_FIELD,
-}
 
 
 def rejection_key(source: str, rejected: RejectedRow) -> str:
@@ -80,14 +73,21 @@ class _Rejection(Exception):
     """Internal: carries a rejection reason out of the nested checks."""
 
 
-def parse_row(raw: object, *, row: int, file: str = "", turns: Turns = Turns.LAST) -> Prompt | RejectedRow:
+def parse_row(
+    raw: object,
+    *,
+    row: int,
+    file: str = "",
+    turns: Turns = Turns.LAST,
+    fields: RowFields = DEFAULT_ROW_FIELDS,
+) -> Prompt | RejectedRow:
     """Turn one decoded row into a prompt, or say by row number why it cannot be one. The id is the same
     whichever `turns`: it is the row's, hashed over the conversation as the dataset gives it."""
     try:
         if not isinstance(raw, dict):
             raise _Rejection(f"row: must be a JSON object, got {_type_name(raw)}")
-        messages = _normalised_messages(raw)
-        prompt_id = explicit_id(raw) or hashed_id(messages)
+        messages = _normalised_messages(raw, fields)
+        prompt_id = explicit_id(raw, fields.ids) or hashed_id(messages)
         if NUL in prompt_id:
             raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
@@ -112,45 +112,59 @@ def turn_by_turn(messages: Sequence[Message]) -> tuple[list[Message], list[int]]
     return kept, ends if len(ends) > 1 else []
 
 
-def _normalised_messages(row: Mapping[str, object]) -> list[Message]:
-    if row.get(MESSAGES_FIELD) is not None:
-        turns = _openai_turns(row[MESSAGES_FIELD])
-        field = MESSAGES_FIELD
-    elif row.get(CONVERSATIONS_FIELD) is not None:
-        turns = _sharegpt_turns(row[CONVERSATIONS_FIELD])
-        field = CONVERSATIONS_FIELD
-    elif row.get(PROMPT_FIELD) is not None:
-        turns = [_prompt_turn(row[PROMPT_FIELD])]
-        field = PROMPT_FIELD
-    else:
-        raise _Rejection(NO_FORMAT_FIELD)
-    return _with_system_field(_up_to_last_user_turn(turns, field), row.get(SYSTEM_FIELD))
+def _normalised_messages(row: Mapping[str, object], fields: RowFields) -> list[Message]:
+    for field in fields.turns:
+        if row.get(field) is not None:
+            turns, content_path = _turns_of(row[field], field)
+            return _with_system_field(_up_to_last_user_turn(turns, field, content_path), row, fields.system)
+    for field in fields.prompt:
+        if row.get(field) is not None:
+            turns = [_prompt_turn(row[field], field)]
+            return _with_system_field(_up_to_last_user_turn(turns, field, field), row, fields.system)
+    raise _Rejection(no_prompt_reason(row, fields))
 
 
-def _openai_turns(value: object) -> list[Message]:
-    turns = _turn_list(value, MESSAGES_FIELD)
+def no_prompt_reason(row: Mapping[str, object], fields: RowFields) -> str:
+    """Why a row without any of the prompt fields is no prompt, naming the fields it has instead."""
+    names = [name[:FIELD_NAME_CHARS_SHOWN] for name in list(row)[:FIELDS_NAMED_AT_MOST]]
+    more = f" and {len(row) - len(names)} more" if len(row) > len(names) else ""
+    has = f"its fields: {', '.join(names)}{more}" if names else "it has no fields"
+    return f"no {fields.describe_format()} field ({has}; {' or '.join(MAPPING_FLAGS)} maps one)"
+
+
+def _turns_of(value: object, field: str) -> tuple[list[Message], str]:
+    """A list of turns in either shape, and the path of a turn's text (for messages)."""
+    turns = _turn_list(value, field)
+    first = turns[0][1]
+    sharegpt_keys = (SHAREGPT_ROLE_KEY in first) + (SHAREGPT_TEXT_KEY in first)
+    openai_keys = (OPENAI_ROLE_KEY in first) + (OPENAI_TEXT_KEY in first)
+    if sharegpt_keys > openai_keys or (sharegpt_keys == openai_keys and field == CONVERSATIONS_FIELD):
+        return _sharegpt_turns(turns), f"{field}[{{index}}].{SHAREGPT_TEXT_KEY}"
+    return _openai_turns(turns), f"{field}[{{index}}].{OPENAI_TEXT_KEY}"
+
+
+def _openai_turns(turns: list[tuple[str, Mapping[str, object]]]) -> list[Message]:
     return [
         Message(
-            role=_mapped_role(_required(turn, "role", path), OPENAI_ROLES, f"{path}.role"),
-            content=_content_text(_required(turn, "content", path), f"{path}.content"),
+            role=_mapped_role(_required(turn, OPENAI_ROLE_KEY, path), OPENAI_ROLES, f"{path}.role"),
+            content=_content_text(_required(turn, OPENAI_TEXT_KEY, path), f"{path}.content"),
         )
         for path, turn in turns
     ]
 
 
-def _sharegpt_turns(value: object) -> list[Message]:
-    turns = _turn_list(value, CONVERSATIONS_FIELD)
+def _sharegpt_turns(turns: list[tuple[str, Mapping[str, object]]]) -> list[Message]:
     return [
         Message(
-            role=_mapped_role(_required(turn, "from", path), SHAREGPT_ROLES, f"{path}.from"),
-            content=_string(_required(turn, "value", path), f"{path}.value"),
+            role=_mapped_role(_required(turn, SHAREGPT_ROLE_KEY, path), SHAREGPT_ROLES, f"{path}.from"),
+            content=_string(_required(turn, SHAREGPT_TEXT_KEY, path), f"{path}.value"),
         )
         for path, turn in turns
     ]
 
 
-def _prompt_turn(value: object) -> Message:
-    return Message(role=USER, content=_string(value, PROMPT_FIELD))
+def _prompt_turn(value: object, field: str) -> Message:
+    return Message(role=USER, content=_string(value, field))
 
 
 def _turn_list(value: object, field: str) -> list[tuple[str, Mapping[str, object]]]:
@@ -158,6 +172,8 @@ def _turn_list(value: object, field: str) -> list[tuple[str, Mapping[str, object
         raise _Rejection(f"{field}: must be a list of turns, got {_type_name(value)}")
     if not value:
         raise _Rejection(f"{field}: is empty")
+    if len(value) > MAX_TURNS:
+        raise _Rejection(f"{field}: holds {len(value):,} turns, more than {MAX_TURNS:,}")
     turns: list[tuple[str, Mapping[str, object]]] = []
     for index, turn in enumerate(value):
         path = f"{field}[{index}]"
@@ -190,6 +206,8 @@ def _content_text(value: object, path: str) -> str:
         return _without_nul(value, path)
     if not isinstance(value, list):
         raise _Rejection(f"{path}: must be a string or a list of content parts, got {_type_name(value)}")
+    if len(value) > MAX_CONTENT_PARTS:
+        raise _Rejection(f"{path}: holds {len(value):,} content parts, more than {MAX_CONTENT_PARTS:,}")
     texts = []
     for index, part in enumerate(value):
         part_path = f"{path}[{index}]"
@@ -216,28 +234,29 @@ def _without_nul(text: str, path: str) -> str:
     return text
 
 
-def _with_system_field(turns: list[Message], system: object) -> list[Message]:
+def _with_system_field(turns: list[Message], row: Mapping[str, object], field: str) -> list[Message]:
+    system = row.get(field)
     if system is None:
         return turns
-    text = _string(system, SYSTEM_FIELD)
+    text = _string(system, field)
     if not text:
         return turns
     system_turn = Message(role=SYSTEM, content=text)
     if turns[0].role != SYSTEM:
         return [system_turn, *turns]
     if turns[0] != system_turn:
-        raise _Rejection(f"{SYSTEM_FIELD}: differs from the conversation's own system turn")
+        raise _Rejection(f"{field}: differs from the conversation's own system turn")
     return turns
 
 
-def _up_to_last_user_turn(turns: Sequence[Message], field: str) -> list[Message]:
+def _up_to_last_user_turn(turns: Sequence[Message], field: str, content_path: str) -> list[Message]:
     """Drop the trailing assistant turns (the model writes the next one) and check what is left."""
     user_indexes = [index for index, turn in enumerate(turns) if turn.role == USER]
     if not user_indexes:
         raise _Rejection(f"{field}: has no user turn")
     for index in user_indexes:
         if not turns[index].content.strip():
-            where = CONTENT_PATHS[field].format(index=index)
+            where = content_path.format(index=index)
             raise _Rejection(f"{where}: is empty")
     kept = list(turns)
     while kept[-1].role == ASSISTANT:

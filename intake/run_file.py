@@ -28,9 +28,19 @@ GATE_FIELDS = {  # option or flat key -> field of the run's quality gate
     "gate_max_empty_answer_rate": "max_empty_answer_rate",
     "gate_max_truncated_rate": "max_truncated_rate",
 }
+FIELD_MAPPINGS = ("prompt_field", "messages_field", "system_field", "id_field")  # a dataset's column names
 RUN_FIELDS = frozenset(
-    {"batch_size", "output_url", "truncated_thinking", "retry_max_tokens_cap", "turns", *GATE_FIELDS}
+    {
+        "batch_size",
+        "output_url",
+        "truncated_thinking",
+        "retry_max_tokens_cap",
+        "turns",
+        *GATE_FIELDS,
+        *FIELD_MAPPINGS,
+    }
 )
+MAX_FIELD_NAME_CHARS = 256
 OPTION_FLAGS = {  # settings keys whose `enqueue` option is not simply --key-with-dashes
     "output_url": "--output",
     "gate_max_empty_answer_rate": "--gate-max-empty-rate",
@@ -129,6 +139,8 @@ def stated_sampling(
 
 def run_value_problem(key: str, value: object) -> str | None:
     """Why a run (not sampling) setting cannot be used, or None."""
+    if key in FIELD_MAPPINGS:
+        return _field_name_problem(value)
     if isinstance(value, float) and not math.isfinite(value):
         return "must be a finite number"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -138,4 +150,14 @@ def run_value_problem(key: str, value: object) -> str | None:
     limits = RUN_LIMITS.get(key)
     if limits is not None and not limits[0] <= value <= limits[1]:
         return f"must be between {limits[0]} and {limits[1]} {limits[2]}"
+    return None
+
+
+def _field_name_problem(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return "must be a column name"
+    if len(value) > MAX_FIELD_NAME_CHARS or not value.isprintable():
+        return f"must be a column name of at most {MAX_FIELD_NAME_CHARS} printable characters"
     return None

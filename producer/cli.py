@@ -57,6 +57,21 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
         "holding the answers regenerated before it; last answers only the last user turn, the history "
         "as the dataset gives it",
     )
+    columns = parser.add_argument_group(
+        "your dataset's columns (pinned; default: messages or conversations, else prompt; system; "
+        "id, custom_id or uuid)"
+    )
+    columns.add_argument(
+        "--prompt-field", dest="prompt_field", metavar="NAME", help="the column of one user prompt's text"
+    )
+    columns.add_argument(
+        "--messages-field",
+        dest="messages_field",
+        metavar="NAME",
+        help="the column of a list of turns ({role, content} or ShareGPT {from, value})",
+    )
+    columns.add_argument("--system-field", dest="system_field", metavar="NAME", help="a system prompt's")
+    columns.add_argument("--id-field", dest="id_field", metavar="NAME", help="each row's own id's")
     quality = parser.add_argument_group("data quality (pinned too)")
     quality.add_argument(
         "--truncated-thinking",
@@ -86,6 +101,16 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m producer",
@@ -99,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue = commands.add_parser("enqueue", help="add a dataset's prompts to a run (only what is new)")
     enqueue.add_argument("data", help="JSONL/Parquet file or folder, s3://bucket/key, or a datasets folder")
     enqueue.add_argument("--run", required=True, help="the run's name")
+    enqueue.add_argument(
+        "--max-row-bytes",
+        dest="max_row_bytes",
+        type=_positive_int,
+        help="reject rows longer than this (default: what the longest context leaves beside max_tokens, "
+        "8 bytes a token: 8 MB at 32768); not pinned",
+    )
     _add_sampling_options(enqueue)
     enqueue.set_defaults(handler=Deferred("producer.enqueue_command", "cmd_enqueue"))
 

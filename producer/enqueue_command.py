@@ -15,8 +15,11 @@ import redis
 from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from inference.records import Prompt
 from inference.sampling_options import SAMPLING_OPTION_NAMES
+from intake.limits import ReadLimits, row_limit_bytes
 from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
+from intake.row_fields import RowFields
+from intake.run_file import FIELD_MAPPINGS
 from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.errors import (
     OutputError,
@@ -33,6 +36,19 @@ from workers.state.broker import sending_app
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
 from workers.state.runs import RunSettings
+
+LOOKAHEAD_REJECTIONS = 10_000  # rows read, before anything is pinned, to find the first prompt
+MOST_ROWS_SHARE = 0.5  # above this share of rejected rows, enqueue warns at the end
+
+
+def row_fields_of(settings: RunSettings) -> RowFields:
+    """The columns the run's rows are read from, as pinned."""
+    return RowFields.mapped(
+        prompt=settings.prompt_field,
+        messages=settings.messages_field,
+        system=settings.system_field,
+        id_field=settings.id_field,
+    )
 
 
 def _print_enqueue_report(report: EnqueueReport) -> None:
@@ -63,12 +79,41 @@ def _print_rows(shown: list[RejectedRow], count: int) -> None:
         print(f"  … {count - len(shown)} more: `python -m producer rejects --run RUN` lists every one")
 
 
-def _with_first_row(items: Iterator[Prompt | RejectedRow], data: str) -> Iterator[Prompt | RejectedRow]:
-    """The same stream, refused (SourceError) when it holds no row at all: a run of nothing is a mistake."""
-    first = next(items, None)
-    if first is None:
+def _with_first_prompt(items: Iterator[Prompt | RejectedRow], data: str) -> Iterator[Prompt | RejectedRow]:
+    """The same stream, refused (SourceError) before anything is pinned when it holds no row, or when its
+    rows up to the end, or the first LOOKAHEAD_REJECTIONS of them, are all rejected: a run of nothing is a
+    mistake (most often columns of other names: the reason says which it has)."""
+    held: list[Prompt | RejectedRow] = []
+    for item in items:
+        held.append(item)
+        if isinstance(item, Prompt):
+            return itertools.chain(held, items)
+        if len(held) >= LOOKAHEAD_REJECTIONS:
+            break
+    if not held:
         raise SourceError(f"{data}: holds no rows (empty, or only blank lines): nothing to enqueue")
-    return itertools.chain([first], items)
+    first = held[0]
+    assert isinstance(first, RejectedRow)
+    which = "its first" if len(held) >= LOOKAHEAD_REJECTIONS else "all its"
+    raise SourceError(
+        f"{data}: {which} {len(held):,} rows are rejected, nothing to enqueue; {first.describe()}"
+    )
+
+
+def _warn_when_most_rows_rejected(report: EnqueueReport, run: str) -> None:
+    rows = (
+        report.new
+        + report.already_there
+        + report.duplicates_in_input
+        + report.conflict_count
+        + report.rejected_count
+    )
+    if rows and report.rejected_count / rows > MOST_ROWS_SHARE:
+        print(
+            f"warning: {report.rejected_count:,} of {rows:,} rows ({report.rejected_count / rows:.0%}) were "
+            f"rejected: is this the dataset you meant? `python -m producer rejects --run {run}` lists them",
+            file=sys.stderr,
+        )
 
 
 def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,6 +129,7 @@ def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
             "gate_min_completions",
             "gate_max_empty_answer_rate",
             "gate_max_truncated_rate",
+            *FIELD_MAPPINGS,
         )
     }
 
@@ -134,8 +180,10 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
-    rows = ProgressLines(f"read rows of {args.data}").counted(iter_prompts(args.data, turns=given.turns))
-    items = _with_first_row(rows, args.data)  # a missing or empty input fails here
+    limits = ReadLimits(max_row_bytes=args.max_row_bytes or row_limit_bytes(given.sampling.max_tokens))
+    prompts = iter_prompts(args.data, turns=given.turns, limits=limits, fields=row_fields_of(given))
+    rows = ProgressLines(f"read rows of {args.data}").counted(prompts)
+    items = _with_first_prompt(rows, args.data)  # a missing, empty or all-rejected input fails here
     store = checked_output_store(given.output_url)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
@@ -149,6 +197,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
         publisher.close()
     print(f"run {run}: output {pinned.output_url}")
     _print_enqueue_report(report)
+    _warn_when_most_rows_rejected(report, run)
     if report.interrupted:
         print(
             "interrupted: the counts above were enqueued whole (stored, claimed and published); "

@@ -42,6 +42,7 @@ from tests.support.bad_inputs import (
     enqueued,
     no_state,
     nothing_pinned,
+    pinned_mapped_run,
     pinned_run,
     pinned_run_with_rejects,
     pinned_unchanged,
@@ -57,6 +58,7 @@ DATA = "{tmp}/data.jsonl"
 OUT = "{tmp}/out"
 NEW_RUN = ("enqueue", DATA, "--run", RUN, "--output", OUT)  # a valid first enqueue: cases add one bad thing
 DATA_IDS = {"q0", "q1", "q2"}
+MAPPED_QUESTIONS = ("--prompt-field", "question", "--id-field", "uid")
 RETRY_HELPS = "a retry helps"
 NO_AWS_CREDENTIALS = {
     "AWS_CONFIG_FILE": "{tmp}/no-aws-config",
@@ -341,6 +343,47 @@ INPUT_ROWS = [
             ("content-part", "nul-part.jsonl", "messages[0].content[0].text", {"q0"}),
         )
     ],
+    Case(
+        "input-every-row-in-other-columns",
+        ("enqueue", "{tmp}/questions.jsonl", "--run", RUN, "--output", OUT),
+        EXIT_USAGE,
+        (
+            "questions.jsonl: all its 3 rows are rejected, nothing to enqueue",
+            "row 1: no messages, conversations or prompt field (its fields: uid, question, answer; "
+            "--prompt-field or --messages-field maps one)",
+        ),
+        nothing_pinned(),
+    ),
+    Case(
+        "input-columns-mapped",
+        ("enqueue", "{tmp}/questions.jsonl", "--run", RUN, "--output", OUT, *MAPPED_QUESTIONS),
+        EXIT_OK,
+        ("new                 3 prompts",),
+        enqueued({"u0", "u1", "u2"}),
+    ),
+    Case(
+        "input-columns-mapped-otherwise-on-re-enqueue",
+        ("enqueue", "{tmp}/questions.jsonl", "--run", PINNED, "--prompt-field", "answer"),
+        EXIT_USAGE,
+        ("prompt_field: pinned 'question', given 'answer'",),
+        pinned_unchanged,
+        setup=pinned_mapped_run,
+        max_error_lines=3,
+    ),
+    Case(
+        "input-column-name-empty",
+        enqueue_with("--prompt-field", " "),
+        EXIT_USAGE,
+        ("--prompt-field ' ': must be a column name",),
+        nothing_pinned(),
+    ),
+    Case(
+        "input-every-row-over-the-row-limit",
+        enqueue_with("--max-row-bytes", "20"),
+        EXIT_USAGE,
+        ("all its 3 rows are rejected", "row 1: row is 36 bytes, over the limit of 20"),
+        nothing_pinned(),
+    ),
     Case(
         "input-conflict-in-one-file",
         ("enqueue", "{tmp}/conflict.jsonl", "--run", RUN, "--output", OUT),

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from inference.records import Message, Prompt, Turns
+from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
 from intake.rejected import RejectedRow
+from intake.row_fields import RowFields
 from intake.rows import parse_row
 
 ROW = 7
@@ -139,7 +141,11 @@ def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
     [
         ([1, 2], "row: must be a JSON object, got list"),
         ("text", "row: must be a JSON object, got str"),
-        ({"text": "hello"}, "no messages, conversations or prompt field"),
+        (
+            {"text": "hello", "answer": "hi"},
+            "no messages, conversations or prompt field (its fields: text, answer; "
+            "--prompt-field or --messages-field maps one)",
+        ),
         ({"messages": "hello"}, "messages: must be a list of turns, got str"),
         ({"messages": []}, "messages: is empty"),
         ({"messages": ["hello"]}, "messages[0]: must be an object, got str"),
@@ -218,10 +224,6 @@ def turn_by_turn_of(raw: object) -> Prompt:
     return result
 
 
-def assistant(text: str) -> dict[str, object]:
-    return {"role": "assistant", "content": text}
-
-
 def test_turn_by_turn_leaves_the_datasets_assistant_turns_out_and_marks_where_each_turn_ends() -> None:
     raw = {
         "messages": [
@@ -258,3 +260,53 @@ def test_a_one_turn_row_is_one_request_whichever_turns_the_run_regenerates() -> 
     raw = {"messages": [assistant("greeting"), user("q"), assistant("a")]}
     prompt = turn_by_turn_of(raw)
     assert (prompt.turn_ends, [m.content for m in prompt.messages]) == ([], ["q"])
+
+
+# --- a run's own column names -------------------------------------------------------------
+
+
+def test_a_mapped_prompt_field_reads_the_prompt_and_the_system_and_id_from_the_columns_named() -> None:
+    fields = RowFields.mapped(prompt="question", system="instruction", id_field="uid")
+    raw = {"question": "What is 2+2?", "instruction": "Be brief.", "uid": "u-7", "id": "not this one"}
+    prompt = parse_row(raw, row=ROW, fields=fields)
+    assert isinstance(prompt, Prompt)
+    assert prompt.id == "u-7"
+    assert prompt.messages == [
+        Message(role="system", content="Be brief."),
+        Message(role="user", content="What is 2+2?"),
+    ]
+
+
+def test_a_mapped_prompt_field_replaces_the_default_ones_so_no_other_column_is_read_as_the_prompt() -> None:
+    result = parse_row({"prompt": "the wrong column"}, row=ROW, fields=RowFields.mapped(prompt="question"))
+    assert isinstance(result, RejectedRow)
+    assert result.reason.startswith("no question field (its fields: prompt;")
+
+
+def test_a_mapped_messages_field_reads_turns_in_either_shape_to_the_same_prompt_and_id() -> None:
+    fields = RowFields.mapped(messages="dialog")
+    openai = parse_row({"dialog": [user("hi"), assistant("yo"), user("and?")]}, row=ROW, fields=fields)
+    sharegpt_turns = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]
+    sharegpt = parse_row(
+        {"dialog": [*sharegpt_turns, {"from": "human", "value": "and?"}]}, row=ROW, fields=fields
+    )
+    assert isinstance(openai, Prompt) and isinstance(sharegpt, Prompt)
+    assert (openai.id, openai.messages) == (sharegpt.id, sharegpt.messages)
+
+
+def test_a_rejection_in_a_mapped_field_names_that_field() -> None:
+    fields = RowFields.mapped(messages="dialog")
+    result = parse_row({"dialog": [{"from": "human", "value": ""}]}, row=ROW, fields=fields)
+    assert isinstance(result, RejectedRow) and result.reason == "dialog[0].value: is empty"
+
+
+def test_a_row_of_more_turns_than_any_conversation_has_is_rejected_with_the_count() -> None:
+    turns = [user("hi"), assistant("yo")] * (MAX_TURNS // 2 + 1)
+    assert reason_of({"messages": turns}) == f"messages: holds {len(turns):,} turns, more than {MAX_TURNS:,}"
+
+
+def test_content_of_more_parts_than_the_cap_is_rejected_with_the_count() -> None:
+    parts = [{"type": "text", "text": "x"}] * (MAX_CONTENT_PARTS + 1)
+    assert reason_of({"messages": [{"role": "user", "content": parts}]}) == (
+        f"messages[0].content: holds {len(parts):,} content parts, more than {MAX_CONTENT_PARTS:,}"
+    )

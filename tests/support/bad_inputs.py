@@ -94,6 +94,10 @@ INPUT_FILES: dict[str, list[object]] = {
     "conflict.jsonl": [*rows(2), {"id": "q0", "prompt": "another question under the same id"}],
     "duplicate.jsonl": [*rows(2), rows(1)[0]],
     "changed.jsonl": [{"id": "q0", "prompt": "question 0, edited since"}, *rows(1, 9)],
+    "questions.jsonl": [
+        {"uid": f"u{i}", "question": f"question {i}", "answer": "4"} for i in range(DATA_ROWS)
+    ],
+    "mostly-bad.jsonl": [rows(1)[0], *({"question": f"question {i}"} for i in range(1, 4))],
 }
 TEXT_FILES = {
     "empty.jsonl": "",
@@ -159,6 +163,11 @@ def snapshot(world: World, run: str = PINNED) -> None:
 
 def pinned_run(world: World) -> None:
     enqueue_for_setup(world, "data.jsonl")
+    snapshot(world)
+
+
+def pinned_mapped_run(world: World) -> None:
+    enqueue_for_setup(world, "questions.jsonl", PINNED, "--prompt-field", "question", "--id-field", "uid")
     snapshot(world)
 
 

@@ -154,9 +154,7 @@ def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_module_imports_itself_back_through_others() -> None:
     paths = {
-        name: ROOT / (name.replace(".", "/") + ".py")
-        for package in PACKAGES
-        for name in modules_of(package)
+        name: ROOT / (name.replace(".", "/") + ".py") for package in PACKAGES for name in modules_of(package)
     }
     paths = {
         name: path if path.exists() else path.with_suffix("") / "__init__.py" for name, path in paths.items()

@@ -45,6 +45,12 @@ class RunSettings(Record, frozen=True):
     # A new run regenerates every turn (NEW_RUN_TURNS); a run pinned before `turns` existed answered
     # the last turn only, and goes on doing so.
     turns: Turns = Turns.LAST
+    # The dataset's own column names (intake/row_fields.py), None for the default layout: pinned, because
+    # another mapping reads other ids or other text, and a re-run would enqueue every prompt again.
+    prompt_field: str | None = None
+    messages_field: str | None = None
+    system_field: str | None = None
+    id_field: str | None = None
 
 
 NEW_RUN_TURNS = Turns.ALL

@@ -1,0 +1,69 @@
+"""Which fields of a row hold its conversation, its prompt, its system prompt and its id.
+
+By default a row is read as the common dataset layouts name things (intake/rows.py): turns in `messages`
+(OpenAI) or `conversations` (ShareGPT), else a `prompt` string; a `system` string; an id in `id`,
+`custom_id` or `uuid`. A run whose dataset names them otherwise maps its own columns (`--prompt-field
+question`, `--messages-field dialog`, `--system-field instruction`, `--id-field uid`): a mapped prompt or
+messages field replaces every default one, so no other column is read as the prompt by surprise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from intake.prompt_ids import ID_FIELDS
+
+MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD, SYSTEM_FIELD = (
+    "messages",
+    "conversations",
+    "prompt",
+    "system",
+)
+MAPPING_FLAGS = ("--prompt-field", "--messages-field")
+
+
+@dataclass(frozen=True, slots=True)
+class RowFields:
+    """The fields a row is read from, in the order they are tried."""
+
+    turns: tuple[str, ...] = (MESSAGES_FIELD, CONVERSATIONS_FIELD)  # a list of turns, OpenAI or ShareGPT
+    prompt: tuple[str, ...] = (PROMPT_FIELD,)  # one user turn's text
+    system: str = SYSTEM_FIELD
+    ids: tuple[str, ...] = ID_FIELDS
+
+    @classmethod
+    def mapped(
+        cls,
+        *,
+        prompt: str | None = None,
+        messages: str | None = None,
+        system: str | None = None,
+        id_field: str | None = None,
+    ) -> RowFields:
+        """The default layout with the fields a run named in place of the defaults."""
+        default = cls()
+        mapped_format = prompt is not None or messages is not None
+        return cls(
+            turns=((messages,) if messages else ()) if mapped_format else default.turns,
+            prompt=((prompt,) if prompt else ()) if mapped_format else default.prompt,
+            system=system or default.system,
+            ids=(id_field,) if id_field else default.ids,
+        )
+
+    @property
+    def format_fields(self) -> tuple[str, ...]:
+        """The fields that can make a row a prompt: a file with none of them has no prompt at all."""
+        return (*self.turns, *self.prompt)
+
+    @property
+    def wanted(self) -> tuple[str, ...]:
+        """Every field a row is read from (the columns to read of a Parquet or Arrow file)."""
+        return (*self.format_fields, self.system, *self.ids)
+
+    def describe_format(self) -> str:
+        """`messages, conversations or prompt`: the fields, as a sentence names them."""
+        names = list(self.format_fields)
+        return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+DEFAULT_ROW_FIELDS = RowFields()
