@@ -2,6 +2,8 @@
 
 IntakeError             retrying cannot help: what the user gave must change
 ├── SourceError         DATA cannot be read at all (missing, empty, unknown type, unreadable)
+│   └── SourceUnavailable  retrying helps: DATA's S3 store cannot be reached or refused (credentials,
+│                          network, access); the same for an output (the producer's OutputUnavailable)
 └── SettingsFileError   the settings file cannot be read, or a value stated in it or as an option is invalid
 
 The producer reports them as its usage errors (producer/errors.py), preflight as option errors.
@@ -18,6 +20,12 @@ class IntakeError(Exception):
 
 class SourceError(IntakeError):
     """The DATA argument cannot be read at all: the whole source is unusable, not one row."""
+
+
+class SourceUnavailable(SourceError):
+    """DATA's object store could not be reached, or refused the request (credentials, access, network)."""
+
+    retry_helps: ClassVar[bool] = True
 
 
 class SettingsFileError(IntakeError):

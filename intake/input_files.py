@@ -1,19 +1,10 @@
 """Open a DATA argument and stream its rows, one decoded row at a time, with flat memory.
 
-DATA is one of:
-- a JSONL file: `.jsonl`, `.jsonl.gz` or `.jsonl.zst`, read line by line;
-- a Parquet file (`.parquet`), read in record batches of `ROWS_PER_BATCH`, only the wanted columns;
-- a folder: every JSONL or Parquet file under it, recursively, in sorted path order. Names starting
-  with "." or "_" (hidden files, _SUCCESS, _metadata) and side files (`SIDE_FILE_SUFFIXES`,
-  `SIDE_FILE_NAMES`) are skipped; any other file (a `.json`, a `.csv`) is an error rather than
-  data silently left out;
-- a Hugging Face `datasets` folder written by `Dataset.save_to_disk` (it has a `state.json`): its
-  `.arrow` shards, Arrow IPC streams, in the order `state.json` lists them. `datasets` itself is
-  not needed. A `DatasetDict` folder is refused: pass one split's folder;
-- any of the above on S3: `s3://bucket/key` for a file, `s3://bucket/prefix/` (trailing slash)
-  for a folder. The client comes from `s3_client_factory`, by default `inference.s3.s3_client()`, so the
-  standard AWS chain applies (credentials, region, AWS_ENDPOINT_URL). An object is streamed, never
-  downloaded whole; a dropped connection resumes at the same byte, pinned to the object's ETag.
+DATA names its files as intake/data_files.py says (JSONL, Parquet, folders of them, a `datasets` folder,
+any of them on S3). An S3 client comes from `s3_client_factory`, by default `inference.s3.s3_client()`, so
+the standard AWS chain applies (credentials, region, AWS_ENDPOINT_URL). An object is streamed, never
+downloaded whole; a dropped connection resumes at the same byte, pinned to the object's ETag. Every read is
+bounded (intake/limits.py): a JSONL line by the row limit, a Parquet or Arrow batch by a byte budget.
 
 Row numbers: the physical line number in a JSONL file (blank lines are skipped, not renumbered,
 so an editor opens the file at the right line), the 1-based row index in a Parquet or Arrow file.
@@ -22,19 +13,17 @@ all raises `SourceError`. Opening is eager (a missing file fails at the call, no
 row); reading is lazy. A file that breaks part-way (a truncated .gz, a corrupt Parquet page) raises
 `SourceError` naming the last row read: the rows before it were good and stay yielded.
 
-Where the files are (a folder, an S3 bucket) is `intake/input_stores.py`; this module finds the
-data files among them and reads their rows.
+Where the files are (a folder, an S3 bucket) is `intake/input_stores.py`, which of them are data
+`intake/data_files.py`; this module reads their rows.
 """
 
 from __future__ import annotations
 
 import gzip
 import io
-import json
 import sys
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import msgspec
@@ -43,7 +32,7 @@ import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError
 
 from inference.s3 import S3_SCHEME
-from inference.safe_paths import stays_inside
+from intake.data_files import DataFile, FileKind, data_files
 from intake.errors import SourceError
 from intake.input_stores import (
     InputFiles,
@@ -64,29 +53,6 @@ else:
 ROWS_PER_BATCH = 1024  # rows read at a time from Parquet/Arrow (then turned into Python by byte budget)
 PARQUET_READ_BUFFER_BYTES = 1024 * 1024  # a column chunk is streamed in pieces, not read whole
 UTF8_BOM = b"\xef\xbb\xbf"
-HF_STATE_FILE = "state.json"
-HF_DATASET_DICT_FILE = "dataset_dict.json"
-MAX_STATE_FILE_BYTES = 16 * 1024 * 1024  # a state.json lists shards: a few KB even for thousands of them
-SIDE_FILE_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".crc")
-SIDE_FILE_NAMES = frozenset({"dataset_info.json", "dataset_infos.json", "config.json"})
-SKIPPED_NAME_PREFIXES = (".", "_")
-
-
-class FileKind(Enum):
-    JSONL = "jsonl"
-    JSONL_GZIP = "jsonl.gz"
-    JSONL_ZSTD = "jsonl.zst"
-    PARQUET = "parquet"
-    ARROW_STREAM = "arrow"  # the shards of a Hugging Face save_to_disk folder
-
-
-SUFFIX_KINDS = {
-    ".jsonl": FileKind.JSONL,
-    ".jsonl.gz": FileKind.JSONL_GZIP,
-    ".jsonl.zst": FileKind.JSONL_ZSTD,
-    ".parquet": FileKind.PARQUET,
-}
-SUPPORTED_SUFFIXES = ", ".join(SUFFIX_KINDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,83 +94,9 @@ def open_rows(
         store: InputFiles = S3InputFiles.from_url(data, s3_client_factory())
     else:
         store = LocalInputFiles(Path(data))
-    files = _data_files(store, data)
+    files = data_files(store, data)
     readers = [_open_reader(store, data_file, columns, limits) for data_file in files]
     return _rows_of(readers)
-
-
-# --- what to read -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _DataFile:
-    name: str  # the store's name for it (a path or an S3 key)
-    kind: FileKind
-    label: str  # shown as SourceRow.file
-
-
-def _data_files(store: InputFiles, data: str) -> list[_DataFile]:
-    if store.is_file(data):
-        return [_DataFile(name=data, kind=_kind_of(data, store), label="")]
-    relative = store.list_under(data)
-    if HF_DATASET_DICT_FILE in relative.values():
-        raise SourceError(f"{data} is a DatasetDict folder: pass one split's folder, e.g. {data}/train")
-    if HF_STATE_FILE in relative.values():
-        return _hugging_face_shards(store, data)
-    files = [
-        _DataFile(name=name, kind=_kind_of(name, store), label=relative[name])
-        for name in sorted(relative, key=relative.__getitem__)
-        if not _is_side_file(relative[name])
-    ]
-    if not files:
-        raise SourceError(f"{data}: no {SUPPORTED_SUFFIXES} files in it")
-    return files
-
-
-def _is_side_file(relative_name: str) -> bool:
-    parts = relative_name.split("/")
-    if any(part.startswith(SKIPPED_NAME_PREFIXES) for part in parts):
-        return True
-    name = parts[-1].lower()
-    return name in SIDE_FILE_NAMES or name.endswith(SIDE_FILE_SUFFIXES)
-
-
-def _kind_of(name: str, store: InputFiles) -> FileKind:
-    lowered = name.lower()
-    for suffix, kind in SUFFIX_KINDS.items():
-        if lowered.endswith(suffix):
-            return kind
-    raise SourceError(
-        f"{name}: unknown file type; expected {SUPPORTED_SUFFIXES}, a folder of them, "
-        "or a Hugging Face save_to_disk folder (a .json file of one object per line: rename it .jsonl)"
-    )
-
-
-def _hugging_face_shards(store: InputFiles, folder: str) -> list[_DataFile]:
-    state_name = _join(folder, HF_STATE_FILE)
-    try:
-        state = json.loads(store.read_text(state_name, MAX_STATE_FILE_BYTES))
-        shard_names = [entry["filename"] for entry in state["_data_files"]]
-    except (ValueError, KeyError, TypeError, RecursionError) as error:
-        raise SourceError(f"{state_name}: not a datasets state file ({error!r})") from error
-    if not shard_names:
-        raise SourceError(f"{state_name}: lists no data files")
-    escaping = [name for name in shard_names if not isinstance(name, str) or not stays_inside(name)]
-    if escaping:
-        raise SourceError(
-            f"{state_name}: data file {escaping[0]!r} is not a plain name inside {folder}: refused"
-        )
-    shards = []
-    for shard_name in shard_names:
-        name = _join(folder, shard_name)
-        if not store.is_file(name):
-            raise SourceError(f"{name}: listed in {HF_STATE_FILE} but missing")
-        shards.append(_DataFile(name=name, kind=FileKind.ARROW_STREAM, label=shard_name))
-    return shards
-
-
-def _join(folder: str, name: str) -> str:
-    return f"{folder.rstrip('/')}/{name}"
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -219,7 +111,7 @@ class _Reader:
 
 
 def _open_reader(
-    store: InputFiles, data_file: _DataFile, columns: ColumnSelection | None, limits: ReadLimits
+    store: InputFiles, data_file: DataFile, columns: ColumnSelection | None, limits: ReadLimits
 ) -> _Reader:
     name, label = data_file.name, data_file.label
     if data_file.kind is FileKind.PARQUET:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from botocore.exceptions import BotoCoreError, ClientError
 
 from inference.backoff import backoff_delay_s
-from inference.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, parse_s3_url, s3_client
-from intake.errors import SourceError
+from inference.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, S3Url, parse_s3_url, s3_client
+from intake.errors import SourceError, SourceUnavailable
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -79,11 +79,17 @@ class S3InputFiles:
         self._bucket = bucket
         self._heads: dict[str, Mapping[str, Any]] = {}  # key -> HEAD response; pins size and ETag
 
-    @classmethod
-    def from_url(cls, url: str, client: S3Client) -> S3InputFiles:
+    @staticmethod
+    def check_url(url: str) -> S3Url:
+        """The bucket and key an s3:// URL names, or SourceError."""
         location = parse_s3_url(url)
         if location is None:
             raise SourceError(f"{url}: no bucket name")
+        return location
+
+    @classmethod
+    def from_url(cls, url: str, client: S3Client) -> S3InputFiles:
+        location = cls.check_url(url)
         key = location.key
         store = cls(client, location.bucket)
         if key and not key.endswith("/") and not store.is_file(url):
@@ -108,7 +114,7 @@ class S3InputFiles:
                     break
                 request["ContinuationToken"] = page["NextContinuationToken"]
         except (ClientError, BotoCoreError) as error:
-            raise SourceError(f"{folder}: cannot list: {error}") from error
+            raise SourceUnavailable(f"{folder}: cannot list: {error}") from error
         if not keys:
             raise SourceError(f"{folder}: no such S3 object or prefix")
         return {self._url(key): key.removeprefix(prefix).lstrip("/") for key in keys}
@@ -131,9 +137,9 @@ class S3InputFiles:
             except ClientError as error:
                 if _error_code(error) in {"404", "NoSuchKey"}:
                     return None
-                raise SourceError(f"{self._url(key)}: {error}") from error
+                raise SourceUnavailable(f"{self._url(key)}: {error}") from error
             except BotoCoreError as error:
-                raise SourceError(f"{self._url(key)}: {error}") from error
+                raise SourceUnavailable(f"{self._url(key)}: {error}") from error
         return self._heads[key]
 
     def _key(self, name: str) -> str:
@@ -220,7 +226,7 @@ class S3ObjectReader(io.RawIOBase):
             except (BotoCoreError, OSError) as error:
                 self._drop_body()
                 if attempt == S3_MAX_ATTEMPTS:
-                    raise SourceError(
+                    raise SourceUnavailable(
                         f"{self._url()}: read failed at byte {self._position} "
                         f"after {attempt} attempts: {error}"
                     ) from error
@@ -235,9 +241,11 @@ class S3ObjectReader(io.RawIOBase):
         except ClientError as error:
             if _error_code(error) in {"412", "PreconditionFailed"}:
                 raise SourceError(f"{self._url()}: changed while being read") from error
-            raise SourceError(f"{self._url()}: {error}") from error
+            raise SourceUnavailable(f"{self._url()}: {error}") from error
         except BotoCoreError as error:
-            raise SourceError(f"{self._url()}: read failed at byte {self._position}: {error}") from error
+            raise SourceUnavailable(
+                f"{self._url()}: read failed at byte {self._position}: {error}"
+            ) from error
         return response["Body"]
 
     def _url(self) -> str:

@@ -7,17 +7,12 @@ import importlib
 import logging
 import sys
 
-import redis
-
 from inference.exit_codes import EXIT_INTERRUPTED
 from inference.records import Turns
 from inference.sampling_options import add_sampling_options
-from intake.errors import IntakeError
 from producer.deferred import Deferred
-from producer.errors import ProducerError, as_producer_error
-from producer.run_access import chosen_redis_url
+from producer.errors import ProducerError, as_producer_error, lower_errors
 from producer.settings import ProducerSettings
-from workers.errors import WorkerError
 from workers.state.runs import TruncationPolicy
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
@@ -25,7 +20,7 @@ from workers.state.runs import TruncationPolicy
 COMMAND_MODULES: tuple[str, ...] = (
     "producer.export_cli",
     "producer.report_cli",
-    "producer.status_cli",
+    "producer.status_parsers",
 )
 
 HELP_EPILOG = """examples:
@@ -198,6 +193,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         settings = ProducerSettings.from_env()
         exit_code: int = args.handler(args, settings)
-    except (WorkerError, IntakeError, redis.RedisError) as error:
+    except lower_errors() as error:  # evaluated only when an error propagates
+        from producer.run_access import chosen_redis_url
+
         raise as_producer_error(error, redis_url=chosen_redis_url(args, settings)) from error
     return exit_code

@@ -15,8 +15,8 @@ import redis
 from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from inference.records import Prompt
 from inference.sampling_options import SAMPLING_OPTION_NAMES
+from intake.data_files import check_data
 from intake.limits import ReadLimits, row_limit_bytes
-from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
 from intake.row_fields import RowFields
 from intake.run_file import FIELD_MAPPINGS
@@ -168,18 +168,20 @@ def _write_output_settings(store: ObjectStore, settings: RunSettings) -> None:
 def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     """Validate everything (environment, Redis, settings, input, output), then write run.json, pin the
     settings and enqueue. A refusal leaves nothing pinned and nothing written."""
-    from producer.publisher import BatchPublisher  # Celery only where messages are sent
-    from workers.recovery.reconciler import Reconciler, ReconcileSettings
-    from workers.state.dispatch import CeleryDispatcher
-
     run = check_run_name(args.run)
     worker_settings = dataclasses.replace(
         WorkerSettings.from_env(), redis_url=chosen_redis_url(args, settings)
     )
     file_values = read_settings_file(args.config) if args.config else {}
     check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
+    check_data(args.data)  # a missing file is said before an unreachable Redis: fix both at once
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
+    from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
+    from producer.publisher import BatchPublisher
+    from workers.recovery.reconciler import Reconciler, ReconcileSettings
+    from workers.state.dispatch import CeleryDispatcher
+
     limits = ReadLimits(max_row_bytes=args.max_row_bytes or row_limit_bytes(given.sampling.max_tokens))
     prompts = iter_prompts(args.data, turns=given.turns, limits=limits, fields=row_fields_of(given))
     rows = ProgressLines(f"read rows of {args.data}").counted(prompts)

@@ -12,6 +12,7 @@ ProducerError
 ├── Unavailable         exit 1, retrying helps once the cause clears: a service is down or busy
 │   ├── RedisUnavailable   Redis could not be reached or refused a command (password, TLS)
 │   ├── OutputUnavailable  the object store could not be reached or refused (credentials, bucket)
+│   ├── InputUnavailable   DATA's object store, the same
 │   └── EnqueueBusy        another `enqueue` of the same run is at work
 └── RunStateBroken      exit 1, retrying cannot help: the run's state in Redis is unreadable;
                         `recover` from the output rebuilds it
@@ -22,6 +23,7 @@ The layers below raise their own trees; `as_producer_error` says where each land
   workers StoreUnavailable       -> OutputUnavailable
   workers RetryLater (any other) -> Unavailable
   workers Refused                -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
+  intake SourceUnavailable       -> InputUnavailable (with the same hint as OutputUnavailable)
   intake SourceError             -> SourceError  (DATA cannot be read at all, found while streaming it)
   intake SettingsFileError       -> SettingsError
   workers WorkerError (the rest) -> RunStateBroken (an object a manifest names is missing, a run unreadable)
@@ -29,14 +31,14 @@ The layers below raise their own trees; `as_producer_error` says where each land
 
 from __future__ import annotations
 
-from typing import ClassVar, TypeAlias
-
-import redis
+from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
 from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
 from intake import errors as intake_errors
 from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
-from workers.settings import redacted_url
+
+if TYPE_CHECKING:
+    import redis
 
 S3_HINT = " (check the AWS credentials, region, bucket and AWS_ENDPOINT_URL)"
 
@@ -83,6 +85,10 @@ class OutputUnavailable(Unavailable):
     """The object store could not be reached, or refused (missing credentials, no such bucket)."""
 
 
+class InputUnavailable(Unavailable):
+    """DATA's object store could not be reached, or refused (missing credentials, no access)."""
+
+
 class EnqueueBusy(Unavailable):
     """Another `enqueue` of the same run holds its enqueue lease: two at once could batch a prompt twice."""
 
@@ -94,12 +100,26 @@ class RunStateBroken(ProducerError):
     exit_code = EXIT_FAILED
 
 
-LowerError: TypeAlias = WorkerError | intake_errors.IntakeError | redis.RedisError
+LowerError: TypeAlias = "WorkerError | intake_errors.IntakeError | redis.RedisError"
 """What the layers below raise, each mapped into this tree by `as_producer_error`."""
+
+
+def lower_errors() -> tuple[type[Exception], ...]:
+    """The classes of `LowerError`, for an `except` clause: redis (a tenth of a second to import) loads only
+    when an error is being handled, so a command refused before it needs Redis starts without it."""
+    import redis
+
+    return (WorkerError, intake_errors.IntakeError, redis.RedisError)
 
 
 def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
     """A lower layer's error as the branch of this tree that says the same (see the table above)."""
+    import redis
+
+    from workers.settings import redacted_url
+
+    if isinstance(error, intake_errors.SourceUnavailable):
+        return InputUnavailable(f"{error}{S3_HINT}")
     if isinstance(error, intake_errors.SourceError):
         return SourceError(str(error))
     if isinstance(error, intake_errors.IntakeError):

@@ -43,8 +43,6 @@ from workers.state.stats_fields import (
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9108
-DEFAULT_ADDRESS = "127.0.0.1"  # unauthenticated: bind wider (--address 0.0.0.0) only on a private network
 HEALTHY_STATUS = 200
 PREFIX = "draftgen_"
 
@@ -245,17 +243,3 @@ def cmd_metrics(args: argparse.Namespace, settings: ProducerSettings) -> int:
     finally:
         server.shutdown()
     return EXIT_OK
-
-
-def register(commands: Any) -> None:
-    metrics = commands.add_parser("metrics", help="serve Prometheus metrics of the runs, queues and GPUs")
-    metrics.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
-    metrics.add_argument(
-        "--address",
-        default=DEFAULT_ADDRESS,
-        help=f"bind address (default {DEFAULT_ADDRESS}; the endpoint has no authentication)",
-    )
-    metrics.add_argument(
-        "--runs", nargs="+", metavar="RUN", help="export only these runs (default: every run)"
-    )
-    metrics.set_defaults(handler=cmd_metrics)

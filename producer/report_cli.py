@@ -1,4 +1,4 @@
-"""`python -m producer report --run NAME [--out DIR] [--store URL]`: a run's pictures and summary as HTML.
+"""`python -m producer report --run NAME [--out DIR] [--output URL]`: a run's pictures and summary as HTML.
 
 The figures come from the committed objects the manifest lists; Redis is asked only where the
 output is (the run's pinned settings) and for the dead letters by reason.
@@ -28,8 +28,11 @@ def register(commands: Any) -> None:
         "--out", type=Path, help=f"folder for report.html and the PNGs (default {DEFAULT_REPORTS_DIR}/RUN)"
     )
     report.add_argument(
-        "--store",
+        "--output",
+        dest="output_url",
         help="read the committed output here (a folder, file:// or s3://) instead of the run's pinned "
         "output; Redis is then optional (without it the dead letters are unknown)",
     )
+    # The name this option had before every command called it --output: kept so old scripts still work.
+    report.add_argument("--store", dest="output_url", help=argparse.SUPPRESS)
     report.set_defaults(handler=Deferred("producer.report_command", "cmd_report"))

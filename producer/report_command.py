@@ -44,14 +44,14 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
     try:
         pinned_url, dead_letters = _run_in_redis(client, run)
     except redis.RedisError as error:
-        if args.store is None:
-            raise RunNotFound(f"cannot read run {run!r} from Redis ({error}): pass --store URL") from error
+        if args.output_url is None:
+            raise RunNotFound(f"cannot read run {run!r} from Redis ({error}): pass --output URL") from error
         pinned_url, dead_letters = None, None
     finally:
         client.close()
-    if args.store is None and pinned_url is None:
-        raise RunNotFound(f"no run named {run!r} in Redis: pass --store URL to report on an output directly")
-    store_url = normalise_output_url(args.store) if args.store is not None else str(pinned_url)
+    if args.output_url is None and pinned_url is None:
+        raise RunNotFound(f"no run named {run!r} in Redis: pass --output URL to report on an output directly")
+    store_url = normalise_output_url(args.output_url) if args.output_url is not None else str(pinned_url)
     figures = compute_figures(
         open_store(store_url), run, dead_letters=dead_letters, on_object=ProgressLines("read objects").update
     )

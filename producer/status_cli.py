@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import msgspec
 import redis
@@ -19,23 +18,19 @@ from inference.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.records import DeadLetter, Record, row_place
 from intake.rejected import RejectedRow
 from intake.rows import rejection_source
-from producer import metrics_exporter
 from producer.errors import RunNotFound, SettingsError
 from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
-from producer.status_view import clock, render_status
+from producer.status_parsers import LISTED_KINDS, PRICE_ENV
+from producer.status_view import clock, render_status, status_line
 from workers.record.storage import normalise_output_url, open_store
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name
 
-PRICE_ENV = "DRAFTGEN_PRICE_PER_GPU_HOUR"
-DEFAULT_WATCH_INTERVAL_S = 2.0
-DEFAULT_PAUSE_REASON = "paused by hand"
 LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
-LISTED_KINDS = ("rejected", "dead")
 
 
 def resolve_price(option: float | None, env: Mapping[str, str]) -> tuple[float | None, str]:
@@ -65,6 +60,8 @@ def cmd_status(args: argparse.Namespace, settings: ProducerSettings) -> int:
     if args.watch is None:
         console.print(render_status(snapshot()))
         return EXIT_OK
+    if not console.is_terminal:  # a pipe or a log file: a live view would print nothing until Ctrl-C
+        return _lines(snapshot, args.watch)
     try:
         with Live(
             render_status(snapshot()), console=console, refresh_per_second=LIVE_REFRESHES_PER_S, screen=False
@@ -72,6 +69,17 @@ def cmd_status(args: argparse.Namespace, settings: ProducerSettings) -> int:
             while True:
                 time.sleep(args.watch)
                 live.update(render_status(snapshot()))
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _lines(snapshot: Callable[[], RunStatus], watch_s: float) -> int:
+    """One line per refresh, flushed at once, until Ctrl-C."""
+    try:
+        while True:
+            sys.stdout.write(status_line(snapshot()) + "\n")
+            sys.stdout.flush()
+            time.sleep(watch_s)
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -207,53 +215,3 @@ def cmd_rejects(args: argparse.Namespace, settings: ProducerSettings) -> int:
     for line in describe_rejects(listing, kinds):
         print(line)
     return EXIT_OK
-
-
-def _register_rejects(commands: Any) -> None:
-    rejects = commands.add_parser(
-        "rejects",
-        help="list every row refused at enqueue and every dead-lettered prompt, with row, id and reason",
-    )
-    rejects.add_argument("--run", required=True)
-    rejects.add_argument("--only", choices=LISTED_KINDS, help="list only rows rejected, or only dead letters")
-    rejects.add_argument("--json", action="store_true", help="one JSON object: run, rejected, dead")
-    rejects.add_argument(
-        "--output", dest="output_url", help="read them from the run's output (folder or s3://), not Redis"
-    )
-    rejects.set_defaults(handler=cmd_rejects)
-
-
-def register(commands: Any) -> None:
-    """Add `status`, `pause`, `resume` and `metrics` to the `python -m producer` sub-commands."""
-    metrics_exporter.register(commands)
-    status = commands.add_parser(
-        "status", help="progress, rates, ETA, cost, GPUs, queues, quality and pause state of a run"
-    )
-    status.add_argument("--run", required=True)
-    status.add_argument(
-        "--watch",
-        type=float,
-        nargs="?",
-        const=DEFAULT_WATCH_INTERVAL_S,
-        default=None,
-        metavar="SECONDS",
-        help=f"refresh every SECONDS (default {DEFAULT_WATCH_INTERVAL_S:.0f}) until Ctrl-C",
-    )
-    status.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    status.add_argument(
-        "--price-per-gpu-hour",
-        type=float,
-        metavar="USD",
-        help=f"for the cost figures (default ${PRICE_ENV}; without either, cost is shown in GPU-hours only)",
-    )
-    status.set_defaults(handler=cmd_status)
-
-    pause_parser = commands.add_parser("pause", help="stop workers taking a run's batches (nothing is lost)")
-    pause_parser.add_argument("--run", required=True)
-    pause_parser.add_argument("--reason", default=DEFAULT_PAUSE_REASON, help="shown by status")
-    pause_parser.set_defaults(handler=cmd_pause)
-
-    resume_parser = commands.add_parser("resume", help="let workers take a paused run's batches again")
-    resume_parser.add_argument("--run", required=True)
-    resume_parser.set_defaults(handler=cmd_resume)
-    _register_rejects(commands)

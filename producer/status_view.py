@@ -252,3 +252,16 @@ def render_status(status: RunStatus) -> RenderableType:
         _section("Quality"),
         _quality(status),
     )
+
+
+def status_line(status: RunStatus) -> str:
+    """The run in one line, for a log: `status --watch` piped writes one per refresh."""
+    progress, last_minute = status.progress, status.throughput.last_minute
+    eta = duration(status.eta.seconds) if status.eta.seconds is not None else "unknown"
+    return (
+        f"{clock(status.now)} run {status.run} {status.state}: "
+        f"{progress.committed:,}/{progress.enqueued:,} committed ({percent(progress.committed_fraction)}), "
+        f"staged {progress.staged:,}, dead {progress.dead_lettered:,}, "
+        f"{_rate(last_minute, last_minute.completions_per_s * SECONDS_PER_MINUTE, 0)} completions/min, "
+        f"{_rate(last_minute, last_minute.output_tokens_per_s, 0)} tokens/s, ETA {eta}"
+    )

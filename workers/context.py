@@ -26,7 +26,7 @@ from workers.recovery.seat import Seat, stop_this_process
 from workers.settings import WorkerSettings
 from workers.state.dispatch import Dispatcher
 from workers.state.ledger import gpu_label
-from workers.state.redis_client import connect
+from workers.state.redis_client import connect, retry_briefly
 from workers.state.runs import RunSettings, load_run_settings
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,7 @@ class WorkerContext:
     def begin_shutdown(self) -> None:
         """SIGTERM: no new batch starts; requests in flight get the grace period, the rest go back."""
         self.stopping.set()
+        retry_briefly(self.redis)
         with self._lock:
             engine = self._engine
         if engine is not None:

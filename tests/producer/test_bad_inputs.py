@@ -25,6 +25,7 @@ import redis
 from devstack.local_stack import wait_until
 from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from producer.cli import main
+from producer.errors import S3_HINT
 from tests.support.bad_inputs import (
     BROKEN,
     DEAD_ERROR,
@@ -101,14 +102,27 @@ REDIS_UNREACHABLE = [
     )
 ]
 
-REDIS_UNREACHABLE.append(
+REDIS_UNREACHABLE.extend(
     Case(  # what no pinned run can make right is said first: fixing Redis would not help
-        "redis-closed-and-a-nan-option",
-        enqueue_with("--temperature", "nan"),
+        f"redis-closed-and-{what}",
+        argv,
         EXIT_USAGE,
-        ("--temperature nan", "finite"),
+        words,
         nothing_pinned(),
         redis="closed",
+    )
+    for what, argv, words in (
+        ("a-nan-option", enqueue_with("--temperature", "nan"), ("--temperature nan", "finite")),
+        (
+            "a-missing-input",
+            ("enqueue", "{tmp}/nope.jsonl", "--run", RUN, "--output", OUT),
+            ("nope.jsonl: no such file or folder",),
+        ),
+        (
+            "an-input-of-unknown-type",
+            ("enqueue", "{tmp}/data.csv", "--run", RUN, "--output", OUT),
+            ("data.csv: unknown file type",),
+        ),
     )
 )
 
@@ -139,13 +153,19 @@ OUTPUTS = [
         all_of(nothing_pinned(), pinned_unchanged),
         setup=pinned_run,
     ),
-    Case(
-        "output-s3-without-credentials",
-        enqueue_with("--output", "s3://draftgen-no-credentials/run"),
-        EXIT_FAILED,
-        ("s3://draftgen-no-credentials/run", "Unable to locate credentials", RETRY_HELPS),
-        nothing_pinned(),
-    ),
+    *[
+        Case(
+            f"{side}-s3-without-credentials",
+            argv,
+            EXIT_FAILED,
+            ("s3://draftgen-no-credentials/", "Unable to locate credentials", S3_HINT.strip(), RETRY_HELPS),
+            nothing_pinned(),
+        )
+        for side, argv in (
+            ("output", enqueue_with("--output", "s3://draftgen-no-credentials/run")),
+            ("input", ("enqueue", "s3://draftgen-no-credentials/d.jsonl", "--run", RUN, "--output", OUT)),
+        )
+    ],
     Case(
         "verify-output-is-a-file",
         ("verify", "--run", RUN, "--output", "{tmp}/afile"),

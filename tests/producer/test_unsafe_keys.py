@@ -22,7 +22,7 @@ EXIT_USAGE = 2
     "command",
     [
         ["verify", "--run", RUN, "--output", "{out}"],
-        ["report", "--run", RUN, "--store", "{out}", "--out", "{tmp}/report"],
+        ["report", "--run", RUN, "--output", "{out}", "--out", "{tmp}/report"],
         ["export", "--run", RUN, "--format", "messages", "--output", "{out}", "--to", "{tmp}/export"],
     ],
     ids=["verify", "report", "export"],

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
-from producer.cli import main
+from producer.cli import build_parser, main
 from producer.report import (
     REPORT_COLUMNS,
     RunFigures,
@@ -286,7 +286,7 @@ def test_the_report_command_reads_a_store_without_redis(
 ) -> None:
     out = tmp_path / "command-report"
     code = main(
-        ["--redis-url", UNREACHABLE_REDIS, "report", "--run", RUN, "--store", store.url, "--out", str(out)]
+        ["--redis-url", UNREACHABLE_REDIS, "report", "--run", RUN, "--output", store.url, "--out", str(out)]
     )
     printed = capsys.readouterr().out
     assert code == 0
@@ -301,7 +301,7 @@ def test_the_report_command_without_a_store_needs_the_run_in_redis(
 ) -> None:
     code = main(["--redis-url", UNREACHABLE_REDIS, "report", "--run", RUN, "--out", str(tmp_path / "r")])
     assert code == 2
-    assert "pass --store URL" in capsys.readouterr().err
+    assert "pass --output URL" in capsys.readouterr().err
 
 
 def test_the_loss_tokens_of_ok_rows_are_counted_from_usage_and_the_export_verdict_is_shown(
@@ -322,3 +322,11 @@ def test_a_report_of_six_token_answers_says_the_export_would_refuse_them(tmp_pat
     )
     rows = {row.name: row.value for row in summary_rows(compute_figures(folder, RUN))}
     assert rows["ok rows under 32 loss tokens"] == "100.0% (50): export refuses"
+
+
+@pytest.mark.parametrize("flag", ["--output", "--store"])
+def test_report_reads_its_output_with_output_as_every_command_does_and_the_old_store_still_works(
+    flag: str,
+) -> None:
+    args = build_parser().parse_args(["report", "--run", RUN, flag, "s3://bucket/runs/r"])
+    assert args.output_url == "s3://bucket/runs/r"

@@ -49,3 +49,11 @@ def test_a_status_against_a_redis_that_is_down_never_imports_celery_or_openai() 
         "main(['--redis-url', 'redis://127.0.0.1:1/0', 'status', '--run', 'r'])"
     )
     assert heavy_modules_after(code) == []
+
+
+def test_an_enqueue_of_a_missing_file_is_refused_before_pyarrow_celery_or_redis_is_asked() -> None:
+    code = (
+        "from producer.cli import main\n"
+        "assert main(['--redis-url', 'redis://127.0.0.1:1/0', 'enqueue', 'no-such.jsonl', '--run', 'r']) == 2"
+    )
+    assert heavy_modules_after(code) == []

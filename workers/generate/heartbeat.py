@@ -92,7 +92,10 @@ class HeartbeatPublisher:
         self._beater.start()
 
     def stop(self, *, timeout_s: float = HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S) -> None:
-        """Stop beating and remove the heartbeat: a worker that shuts down cleanly leaves no stale row."""
+        """Stop beating and remove the heartbeat: a worker that shuts down cleanly leaves no stale row.
+        Once stopped, stopping again (Celery stops a consumer's steps, then shuts them down) does nothing."""
+        if not self._beater.running:
+            return
         self._beater.stop(timeout_s=timeout_s)
         try:
             self._client.delete(self._key)

@@ -5,17 +5,28 @@ thrown away because its hand-over failed once: every command is retried on a con
 jittered exponential backoff for about half a minute before the error reaches the task (which then
 hands the batch back). Replaying a command is safe: every protocol step is idempotent (see
 workers/state/protocol.py), and a replayed commit is refused by its part number.
+
+A worker that is stopping has no half minute per command: its shutdown grace is for the requests in
+flight, and every key it would tidy (lease, seat, heartbeat) expires by itself. `retry_briefly` shortens
+the client's one policy to a few quick tries, commands retrying at that moment included, so a SIGTERM with
+Redis down ends within the grace.
 """
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import AbstractBackoff
 from redis.retry import Retry
 
 REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
 REDIS_BACKOFF_CAP_S = 4.0  # 16 tries at up to 4 s each: ~30 s of outage on average, ~60 s at most
+REDIS_CONNECT_TIMEOUT_S = 5.0  # a host that drops packets fails a try in this, not in the OS's 2 minutes
+STOPPING_RETRIES = 2
+STOPPING_BACKOFF_CAP_S = 0.5
 MICROSECONDS_PER_S = 1e6
 SCAN_COUNT = 1000
 
@@ -34,11 +45,47 @@ def redis_now_s(client: redis.Redis) -> float:
     return float(seconds) + float(microseconds) / MICROSECONDS_PER_S
 
 
+class JitteredBackoff(AbstractBackoff):  # type: ignore[misc]  # redis ships no types for it
+    """Full jitter over an exponential ceiling whose cap can be lowered while it is in use."""
+
+    def __init__(self, base_s: float, cap_s: float) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+
+    def reset(self) -> None:
+        pass
+
+    def compute(self, failures: int) -> float:
+        return random.uniform(0, min(self.cap_s, self.base_s * 2**failures))
+
+
+class ShortenableRetry(Retry):  # type: ignore[misc]
+    """The client's one retry policy: every connection shares it (redis-py deep-copies a policy into each
+    connection; this one copies as itself), so shortening it reaches the commands retrying right now."""
+
+    def __init__(self) -> None:
+        self.backoff = JitteredBackoff(REDIS_BACKOFF_BASE_S, REDIS_BACKOFF_CAP_S)
+        super().__init__(self.backoff, REDIS_RETRIES, (redis.ConnectionError, redis.TimeoutError))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ShortenableRetry:
+        return self
+
+    def shorten(self) -> None:
+        self.backoff.cap_s = STOPPING_BACKOFF_CAP_S
+        self.update_retries(STOPPING_RETRIES)
+
+
 def connect(url: str) -> redis.Redis:
     return redis.Redis.from_url(
         url,
-        retry=Retry(
-            ExponentialWithJitterBackoff(base=REDIS_BACKOFF_BASE_S, cap=REDIS_BACKOFF_CAP_S), REDIS_RETRIES
-        ),
+        retry=ShortenableRetry(),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
     )
+
+
+def retry_briefly(client: redis.Redis) -> None:
+    """From now on every command of this client, those retrying now included, tries only a few times."""
+    retry = client.get_retry()
+    if isinstance(retry, ShortenableRetry):
+        retry.shorten()

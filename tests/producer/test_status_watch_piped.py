@@ -1,0 +1,57 @@
+"""`status --watch` into a pipe or a log writes one line per refresh (a live view would show nothing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from inference.exit_codes import EXIT_OK
+from producer.cli import main
+
+pytestmark = pytest.mark.integration
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
+REFRESH_S = "0.2"
+LINES_AWAITED = 3
+READ_TIMEOUT_S = 60
+
+
+def test_status_watch_into_a_pipe_writes_a_line_per_refresh_until_interrupted(
+    redis_url: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"id": "q{i}", "prompt": "question {i}"}}\n' for i in range(3)))
+    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", "w", "--output", str(tmp_path / "o")]
+    assert main(argv) == EXIT_OK
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
+    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", "w"]
+    watching = subprocess.Popen(
+        [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert watching.stdout is not None
+        lines: list[str] = []
+        enough = threading.Event()
+        threading.Thread(target=collect, args=(watching.stdout, lines, enough), daemon=True).start()
+        assert enough.wait(READ_TIMEOUT_S), f"{len(lines)} lines in {READ_TIMEOUT_S} s: {lines}"
+        watching.send_signal(signal.SIGINT)
+        _, errors = watching.communicate(timeout=READ_TIMEOUT_S)
+    finally:
+        watching.kill()
+    for line in lines[:LINES_AWAITED]:
+        assert " run w " in line and "0/3 committed" in line and line.endswith("\n"), lines
+    assert watching.returncode == EXIT_OK, errors
+
+
+def collect(stream: IO[str], lines: list[str], enough: threading.Event) -> None:
+    for line in stream:
+        lines.append(line)
+        if len(lines) >= LINES_AWAITED:
+            enough.set()
