@@ -13,17 +13,15 @@ first version is kept, and the later row is rejected naming the row (or the earl
 holds the kept one. Explicit ids keep a short content digest for that, in Redis and beside the chunk's
 ids in the output (producer/fingerprints.py).
 
-Ctrl-C stops at a chunk boundary: a chunk's store-and-claim step runs with SIGINT held back, and the
-chunks already stored finish publishing, so the run holds whole batches only and the report counts
-exactly what was enqueued; running the same command again adds only the rest.
+Ctrl-C stops at a chunk boundary: a chunk's store-and-claim step runs on a thread of its own, which
+SIGINT never reaches, and the chunks already stored finish publishing, so the run holds whole batches
+only and the report counts exactly what was enqueued; running the same command again adds only the rest.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
+import random
 import time
 import uuid
 from collections import deque
@@ -31,7 +29,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
-from types import FrameType
 
 import msgspec
 import redis
@@ -56,12 +53,15 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each batch's message
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
+BATCH_ID_BITS = 64
+BITS_PER_HEX_DIGIT = 4
 SESSION_TTL_S = 24 * 3600
 ENQUEUE_LEASE_S = 60  # a crashed enqueue blocks the next one this long at most
 ENQUEUE_RENEW_S = 20.0  # renewed this often while the enqueue lives, however long a chunk's writes take
 MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
+CHUNKS_STORING = 1  # chunks read and waiting for the store thread, at most, beside the one it stores
 HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
 FINGERPRINTED_STATUSES = (*HELD_STATUSES, ORPHANED)  # an orphan's first content is known by its fingerprint
 
@@ -80,31 +80,6 @@ class EnqueueReport:
     batches: int = 0
     republished_batches: int = 0
     interrupted: bool = False  # Ctrl-C: the counts are exactly what was enqueued before it
-
-
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block's Redis
-    claim and object-store record happen together or not at all. A second Ctrl-C raises at once."""
-    previous = signal.getsignal(signal.SIGINT)
-    usable = threading.current_thread() is threading.main_thread() and callable(previous)
-    if not usable:  # signals reach the main thread only; an ignored or foreign handler stays as it is
-        yield
-        return
-    received: list[int] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if received:
-            raise KeyboardInterrupt
-        received.append(signum)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        raise KeyboardInterrupt
 
 
 def check_same_settings(pinned: RunSettings, given: RunSettings) -> None:
@@ -168,12 +143,18 @@ class Enqueuer:
         self.store = store  # where the run's output goes: enqueued ids and rejected rows are kept there
         self.keys = RunKeys(settings.run)
         self.session_id = uuid.uuid4().hex
+        # Batch ids: 64 random bits each, from a generator seeded from the OS once (asking the OS for each
+        # of a run's hundreds of thousands of batches cost a second per 6,000 on a cloud VM).
+        self._batch_ids = random.Random(uuid.uuid4().int)
         self.session_key = self.keys.enqueue_session(self.session_id)
         self._scripts = Scripts.register(client)
         self._requeue_orphans = False
         self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
         self._own_note = EnqueueNote(source=source, at=0.0)
         self._notes: dict[int, str] = {}
+
+    def _new_batch_id(self) -> str:
+        return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
 
     def _hold_lease(self) -> None:
         """Take or renew the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
@@ -223,19 +204,35 @@ class Enqueuer:
         return report
 
     def _enqueue_chunks(self, items: Iterable[Prompt | RejectedRow], report: EnqueueReport) -> None:
-        # On Ctrl-C, leaving the executor waits for the chunks stored so far to be published.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-publish") as publishing:
-            in_flight: deque[Future[None]] = deque()
-            for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
-                self._hold_lease()
-                with interrupts_deferred():
-                    batch_ids = self._store_chunk(chunk, report)
-                    if batch_ids:
-                        in_flight.append(publishing.submit(self._publish_stored, batch_ids))
-                while in_flight and (in_flight[0].done() or len(in_flight) > CHUNKS_PUBLISHING):
-                    in_flight.popleft().result()
-            while in_flight:
-                in_flight.popleft().result()
+        """Chunks are stored one after the other, in order, on a thread of their own while the next chunk is
+        read (waiting for Redis overlaps parsing), and each is published as soon as it is stored, while
+        both go on. On Ctrl-C, the chunk being stored finishes, and so do the chunks' publishing."""
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-store") as storing,
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="enqueue-publish") as publishing,
+        ):
+            stored: deque[Future[Future[None] | None]] = deque()
+            published: deque[Future[None]] = deque()
+
+            def settle(wait: bool) -> None:
+                while stored and (wait or stored[0].done() or len(stored) > CHUNKS_STORING):
+                    if (publication := stored.popleft().result()) is not None:
+                        published.append(publication)
+                while published and (wait or published[0].done() or len(published) > CHUNKS_PUBLISHING):
+                    published.popleft().result()
+
+            try:
+                for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                    stored.append(storing.submit(self._store_then_publish, chunk, report, publishing))
+                    settle(wait=False)
+            finally:
+                settle(wait=True)  # a chunk handed to the store thread is stored whole, or not at all
+
+    def _store_then_publish(
+        self, chunk: list[Prompt | RejectedRow], report: EnqueueReport, publishing: ThreadPoolExecutor
+    ) -> Future[None] | None:
+        batch_ids = self._store_chunk(chunk, report)
+        return publishing.submit(self._publish_stored, batch_ids) if batch_ids else None
 
     def _publish_stored(self, batch_ids: list[str]) -> None:
         """Publish stored batches, then take them out of the outbox."""
@@ -243,7 +240,9 @@ class Enqueuer:
         self.client.srem(self.keys.unpublished, *batch_ids)
 
     def _store_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> list[str]:
-        """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids."""
+        """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids. On
+        the store thread: Ctrl-C reaches the main thread only, so a chunk is claimed whole or not at all."""
+        self._hold_lease()
         prompts = [item for item in chunk if isinstance(item, Prompt)]
         fingerprinted, conflicts = self._new_prompts(prompts, report)
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
@@ -254,7 +253,7 @@ class Enqueuer:
         size = self.settings.batch_size
         batches = [
             PromptBatch(
-                run=self.settings.run, batch_id=uuid.uuid4().hex[:16], prompts=new[start : start + size]
+                run=self.settings.run, batch_id=self._new_batch_id(), prompts=new[start : start + size]
             )
             for start in range(0, len(new), size)
         ]
@@ -356,10 +355,14 @@ class Enqueuer:
             buckets.setdefault(fingerprint_bucket(prompt_id), {})[prompt_id] = encoded
         if not buckets:
             return
-        with self.client.pipeline(transaction=False) as pipe:
-            for bucket, mapping in buckets.items():
-                pipe.hset(self.keys.fingerprints(bucket), mapping=mapping)
-            pipe.execute()
+        keys: list[str] = []
+        args: list[str | int] = []
+        for bucket, mapping in buckets.items():
+            keys.append(self.keys.fingerprints(bucket))
+            args.append(len(mapping))
+            for prompt_id, encoded in mapping.items():
+                args += [prompt_id, encoded]
+        self._scripts.remember_fingerprints(keys=keys, args=args)
 
     def _conflict(self, prompt: Prompt, earlier: Fingerprint) -> RejectedRow:
         if earlier.enqueue_number == self.enqueue_number:

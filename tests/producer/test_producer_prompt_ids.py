@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import msgspec
 import pytest
@@ -132,3 +133,29 @@ def test_an_enqueued_object_written_before_fingerprints_were_kept_still_reads_as
     chunk = decode_enqueued(b'["q0", "q1"]')
 
     assert (chunk.ids, chunk.fingerprints) == (["q0", "q1"], {})
+
+
+RECIPE_SEED = 20261204
+RECIPE_CONVERSATIONS = 5000
+CHARACTERS = [chr(code) for code in range(0x800)] + ["\u2028", "\u2029", "\ufeff", "\uffff", "\U0001f600"]
+
+
+def recipe_id(messages: list[Message]) -> str:
+    """The id exactly as the module docstring's recipe writes it, with the standard library."""
+    canonical = json.dumps(
+        [{"content": m.content, "role": m.role} for m in messages],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return "h-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def test_a_hashed_id_is_the_documented_recipe_for_every_kind_of_character() -> None:
+    # ids must never change across versions: a re-run would enqueue every prompt again
+    print(f"seed {RECIPE_SEED}")
+    rng = random.Random(RECIPE_SEED)
+    for _ in range(RECIPE_CONVERSATIONS):
+        texts = ["".join(rng.choices(CHARACTERS, k=rng.randint(0, 40))) for _ in range(rng.randint(1, 3))]
+        messages = [Message(role=rng.choice(["system", "user", "assistant"]), content=t) for t in texts]
+        assert hashed_id(messages) == recipe_id(messages), messages

@@ -220,6 +220,25 @@ return newly
 """
 )
 
+# An enqueue's fingerprints of explicit ids (producer/fingerprints.py), one call a chunk instead of an
+# HSET a bucket. KEYS: the buckets; ARGV: for each bucket in order, its count n, then n (id, fingerprint).
+REMEMBER_FINGERPRINTS = """
+local at = 1
+for i = 1, #KEYS do
+  local n = tonumber(ARGV[at])
+  for first = 0, n - 1, 256 do
+    local fields = {}
+    for j = first, math.min(first + 255, n - 1) do
+      table.insert(fields, ARGV[at + 1 + 2 * j])
+      table.insert(fields, ARGV[at + 2 + 2 * j])
+    end
+    redis.call('HSET', KEYS[i], unpack(fields))
+  end
+  at = at + 1 + 2 * n
+end
+return #KEYS
+"""
+
 # The flush lock's lease, renewed per part and released by its holder only. KEYS: the lock.
 EXTEND_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -413,6 +432,7 @@ class Scripts:
 
     classify: Script
     claim: Script
+    remember_fingerprints: Script
     stage: Script
     dead_letter: Script
     strike: Script
@@ -435,6 +455,7 @@ class Scripts:
         return cls(
             classify=client.register_script(CLASSIFY),
             claim=client.register_script(CLAIM),
+            remember_fingerprints=client.register_script(REMEMBER_FINGERPRINTS),
             stage=client.register_script(STAGE),
             dead_letter=client.register_script(DEAD_LETTER),
             strike=client.register_script(STRIKE),
