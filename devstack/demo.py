@@ -190,6 +190,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
         console.print(
             f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
+            "         (in a new shell, `source .venv/bin/activate` first: draftgen is installed there)\n"
             f"         python -m producer report --run {run} --output {output}\n"
             f"         python -m producer export --run {run} --output {output} --format sharegpt --to DIR\n"
             f"Logs:    {stack.workdir / 'logs'}"

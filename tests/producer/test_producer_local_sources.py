@@ -15,6 +15,7 @@ from producer_test_data import WriteHuggingFaceDataset, WriteJsonl, WriteParquet
 from inference.records import Message, Prompt
 from intake.errors import SourceError
 from intake.input_files import SourceRow, open_rows
+from intake.limits import ReadLimits
 from intake.reading import PROMPT_COLUMNS, iter_prompts
 from intake.rejected import RejectedRow
 
@@ -113,6 +114,28 @@ def test_a_parquet_file_yields_one_prompt_per_row_numbered_from_one(write_parque
     assert [(p.id, p.row) for p in prompts if isinstance(p, Prompt)] == [
         (f"r{i}", i + 1) for i in range(2500)
     ]
+
+
+def test_a_parquet_row_over_the_row_limit_is_rejected_with_its_size_and_the_rows_around_it_are_read(
+    tmp_path: Path,
+) -> None:
+    limits = ReadLimits(max_row_bytes=1000)
+    rows = [{"id": f"r{i}", "prompt": "x" * (5000 if i == 3 else 10)} for i in range(2500)]
+    path = tmp_path / "one-long.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=1000)
+    read = list(iter_prompts(str(path), limits=limits))
+    assert [item.row for item in read] == list(range(1, 2501))
+    (rejected,) = [item for item in read if isinstance(item, RejectedRow)]
+    assert rejected.row == 4 and rejected.reason.startswith(
+        "row is 5,002 bytes, over the limit of 1,000"
+    )  # prompt and id
+
+
+def test_a_parquet_row_group_holding_more_than_the_limit_a_row_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "big-cells.parquet"
+    pq.write_table(pa.table({"prompt": ["x" * 5000] * 10}), path, row_group_size=5, compression="zstd")
+    with pytest.raises(SourceError, match=r"big-cells\.parquet: row group 0 \(rows 1-5\) holds [\d,]+ bytes"):
+        iter_prompts(str(path), limits=ReadLimits(max_row_bytes=1000))
 
 
 def test_parquet_messages_with_content_parts_and_null_fields_are_read(write_parquet: WriteParquet) -> None:

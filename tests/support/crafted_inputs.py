@@ -31,6 +31,7 @@ PARQUET_HUGE_CELL_BYTES = 64 * MIB  # one cell, a few KB of zstd
 DICTIONARY_VALUE_BYTES = 4 * MIB  # one value every row repeats: stored once, read on each row
 DICTIONARY_ROWS = 200
 GOOD_ROW = {"id": "good", "prompt": "What is 2 + 2?"}
+AFTER_ROW = {"id": "after", "prompt": "What is 3 + 3?"}
 
 
 def _line(record: object) -> bytes:
@@ -72,6 +73,7 @@ def huge_row(folder: Path) -> Path:
     with path.open("wb") as stream:
         stream.write(_line(GOOD_ROW))
         stream.write(_line({"id": "huge", "prompt": "a" * HUGE_ROW_BYTES}))
+        stream.write(_line(AFTER_ROW))  # reading goes on past the rejected row
     return path
 
 
