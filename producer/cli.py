@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
-from inference.exit_codes import EXIT_INTERRUPTED
+from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from inference.records import Turns
 from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
@@ -166,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: flushing what is left for a closed pipe would raise again at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _fail(message: str, exit_code: int, *, retry_helps: bool = False) -> int:
     print(f"error: {message}", file=sys.stderr)
     if retry_helps:
@@ -183,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `status --watch | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
     except ProducerError as error:
         return _fail(str(error), error.exit_code, retry_helps=error.retry_helps)
 

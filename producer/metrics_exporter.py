@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from inference.exit_codes import EXIT_OK
-from producer.errors import RunNotFound
+from producer.errors import RunNotFound, SettingsError
 from producer.settings import ProducerSettings
 from producer.status.figures import parse_counters
 from producer.status.gather import gather_status, queue_depths
@@ -224,18 +224,33 @@ def serve(client: redis.Redis, runs: Sequence[str] | None, *, address: str, port
     return server
 
 
+def _is_loopback(address: str) -> bool:
+    """Whether every address the name stands for is this machine's loopback (IPv4 or IPv6)."""
+    try:
+        found = socket.getaddrinfo(address, None)
+    except (socket.gaierror, UnicodeError) as error:
+        raise SettingsError(f"--address {address}: not an address of this machine ({error})") from error
+    return all(ipaddress.ip_address(str(entry[4][0]).split("%")[0]).is_loopback for entry in found)
+
+
 def cmd_metrics(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = redis.Redis.from_url(args.redis_url or settings.redis_url)
-    if not ipaddress.ip_address(socket.gethostbyname(args.address)).is_loopback:
+    if not _is_loopback(args.address):
         print(
             f"warning: {args.address} is reachable beyond this machine and the endpoint has no "
             "authentication: anyone who can reach it reads every run's names, rates and costs",
             file=sys.stderr,
             flush=True,
         )
-    server = serve(client, args.runs, address=args.address, port=args.port)
+    try:
+        server = serve(client, args.runs, address=args.address, port=args.port)
+    except OSError as error:
+        raise SettingsError(
+            f"--address {args.address} --port {args.port}: cannot listen there: {error}"
+        ) from error
     port = server.server_address[1]  # the port bound, also when --port 0 asked for any free one
-    print(f"serving draftgen metrics on http://{args.address}:{port}/metrics (Ctrl-C stops)", flush=True)
+    host = f"[{args.address}]" if ":" in args.address else args.address  # an IPv6 address in a URL
+    print(f"serving draftgen metrics on http://{host}:{port}/metrics (Ctrl-C stops)", flush=True)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

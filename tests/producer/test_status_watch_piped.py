@@ -55,3 +55,26 @@ def collect(stream: IO[str], lines: list[str], enough: threading.Event) -> None:
         lines.append(line)
         if len(lines) >= LINES_AWAITED:
             enough.set()
+
+
+def test_status_watch_into_a_reader_that_stops_early_ends_quietly_as_a_pipe_to_head_does(
+    redis_url: str, tmp_path: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": "q0", "prompt": "question 0"}\n')
+    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", "h", "--output", str(tmp_path / "o")]
+    assert main(argv) == EXIT_OK
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
+    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", "h"]
+    watching = subprocess.Popen(
+        [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert watching.stdout is not None
+        assert " run h " in watching.stdout.readline()
+        watching.stdout.close()  # as `head -1` does once it has its line
+        _, errors = watching.communicate(timeout=READ_TIMEOUT_S)
+    finally:
+        watching.kill()
+    assert watching.returncode == EXIT_OK, errors
+    assert "Traceback" not in errors and "BrokenPipe" not in errors, errors

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from devstack.local_stack import PROJECT_ROOT
+from inference.exit_codes import EXIT_USAGE
 
 CLOSED_REDIS = "redis://127.0.0.1:1/0"  # the exporter reads Redis only when scraped
 
@@ -37,3 +38,19 @@ def test_the_default_loopback_bind_gives_no_warning() -> None:
     serving, errors = first_lines()
     assert "http://127.0.0.1:" in serving
     assert "warning" not in errors
+
+
+def test_an_ipv6_wide_bind_is_warned_about_and_served_rather_than_a_traceback() -> None:
+    serving, errors = first_lines("--address", "::")
+    assert "no authentication" in errors and "Traceback" not in errors
+    assert "http://[::]:" in serving
+
+
+def test_an_address_that_names_nothing_is_one_line_and_exit_2() -> None:
+    command = [sys.executable, "-m", "producer", "--redis-url", CLOSED_REDIS, "metrics", "--port", "0"]
+    done = subprocess.run(
+        [*command, "--address", "no-such-host.invalid"], cwd=PROJECT_ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == EXIT_USAGE
+    assert done.stderr.startswith("error: --address no-such-host.invalid: not an address of this machine")
+    assert "Traceback" not in done.stderr
