@@ -24,7 +24,8 @@ from producer.export.tokenizer import load_token_counter
 from producer.export_cli import parse_include
 from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
-from workers.record.storage import normalise_output_url, open_store
+from workers.errors import UnsupportedStoreUrl
+from workers.record.storage import check_output_folder, normalise_output_url, open_store
 from workers.state.keys import check_run_name
 
 
@@ -125,12 +126,29 @@ def print_scan(scan: Scan, settings: ExportSettings) -> None:
     print(scan.loss.render_text())
 
 
+def check_export_destination(dest_url: str, source_url: str) -> None:
+    """Refuse (SettingsError) an export into the run's own output, or anywhere an output may not go: `gc`
+    of the run would take the export's files for orphans and delete them."""
+    source = source_url.rstrip("/")
+    if dest_url.rstrip("/") == source or dest_url.startswith(source + "/"):
+        raise SettingsError(
+            f"--to {dest_url}: inside the run's own output {source_url}: give a folder of its own"
+        )
+    try:
+        check_output_folder(dest_url)
+    except UnsupportedStoreUrl as error:
+        raise SettingsError(f"--to: {error}") from error
+
+
 def cmd_export(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
     export = export_settings(args)
     tokenizer = load_token_counter(args.tokenizer) if args.tokenizer else None
-    dest = open_store(normalise_output_url(args.to))
-    output = RunOutput(open_store(_output_url(args, settings)), run)
+    dest_url = normalise_output_url(args.to)
+    source_url = _output_url(args, settings)
+    check_export_destination(dest_url, source_url)
+    dest = open_store(dest_url)
+    output = RunOutput(open_store(source_url), run)
     print(f"run {run}: {output.store.url} -> {dest.url} ({export.format.value})")
     with RichProgress() as progress:
         scan = scan_output(output, export, tokenizer=tokenizer, progress=progress)

@@ -166,6 +166,13 @@ def pinned_run(world: World) -> None:
     snapshot(world)
 
 
+def linked_folders(world: World) -> None:
+    """{tmp}/a/link is a symbolic link to {tmp}/b/c: {tmp}/a/link/.. is {tmp}/b, not {tmp}/a."""
+    (world.tmp / "b" / "c").mkdir(parents=True)
+    (world.tmp / "a").mkdir()
+    (world.tmp / "a" / "link").symlink_to(world.tmp / "b" / "c")
+
+
 def pinned_mapped_run(world: World) -> None:
     enqueue_for_setup(world, "questions.jsonl", PINNED, "--prompt-field", "question", "--id-field", "uid")
     snapshot(world)

@@ -22,6 +22,7 @@ import msgspec
 
 from inference.records import Record
 from workers.record.object_store import ObjectStore
+from workers.record.output_places import SETTINGS_KEY as SETTINGS_KEY  # an output is known by its run.json
 from workers.record.storage import open_store
 
 MANIFEST_PREFIX = "manifest/"
@@ -30,7 +31,6 @@ DEAD_PREFIX = "dead/"
 ENQUEUED_PREFIX = "enqueued/"
 REJECTED_PREFIX = "rejected/"
 SERVERS_PREFIX = "servers/"
-SETTINGS_KEY = "run.json"
 CHECKSUM_PREFIX_CHARS = 16
 
 

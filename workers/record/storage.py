@@ -20,6 +20,7 @@ from inference.s3 import S3Url, parse_s3_url
 from inference.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
 from workers.record.object_store import ObjectInfo, ObjectStore
+from workers.record.output_places import check_local_place, check_written_location
 
 DEFAULT_FILE_MODE = 0o666  # what open() asks for; the umask takes away from it
 PROC_STATUS = Path("/proc/self/status")
@@ -150,9 +151,6 @@ def open_store(url: str, *, s3_client: Any = None) -> ObjectStore:
 
 
 LOCAL_FILE_HOSTS = ("", "localhost")  # file://localhost/x is /x; any other host is a mistyped URL
-# Kernel views, not storage: a folder there cannot hold an output. /dev/shm is a tmpfs, real storage.
-SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
-STORAGE_UNDER_SYSTEM_FOLDERS = (Path("/dev/shm"),)
 OUTPUT_FORMS = "a folder, file:///absolute/path or s3://bucket/prefix"
 
 
@@ -164,6 +162,7 @@ def normalise_output_url(url: str) -> str:
     /x at the root), and any other scheme."""
     if not url.strip():
         raise UnsupportedStoreUrl(f"the output is empty: give {OUTPUT_FORMS}")
+    check_written_location(url)
     parsed = urlparse(url)
     if parsed.scheme == "s3":
         _s3_location(url)
@@ -184,28 +183,20 @@ def normalise_output_url(url: str) -> str:
 
 def check_output_folder(url: str) -> None:
     """Refuse a folder output that cannot hold a run, before anything is written: a file or a device
-    (`/dev/null`), a path through a file, or a folder under a kernel view (`/proc`, `/sys`, `/dev`).
-    An s3:// URL passes: only the store itself can tell (see `open_store`)."""
+    (`/dev/null`), a path through a file, a system folder, or a folder inside another run's output
+    (workers/record/output_places.py). An s3:// URL passes: only the store itself can tell (`open_store`)."""
     parsed = urlparse(url)
     if parsed.scheme != "file":
         return
     path = folder_of(parsed.path)
     if path.exists() and not path.is_dir():
         raise UnsupportedStoreUrl(f"{str(path)!r} is {_kind_of_file(path)}, not a folder")
-    system = _system_folder(path)
-    if system is not None:
-        raise UnsupportedStoreUrl(f"{str(path)!r} is under {system}, a view of the kernel, not storage")
+    check_local_place(path)
     ancestor = next(parent for parent in path.parents if parent.exists())
     if not ancestor.is_dir():
         raise UnsupportedStoreUrl(
             f"{str(path)!r} cannot be a folder: {str(ancestor)!r} is {_kind_of_file(ancestor)}"
         )
-
-
-def _system_folder(path: Path) -> Path | None:
-    if any(path == storage or storage in path.parents for storage in STORAGE_UNDER_SYSTEM_FOLDERS):
-        return None
-    return next((root for root in SYSTEM_FOLDERS if path == root or root in path.parents), None)
 
 
 def _kind_of_file(path: Path) -> str:
