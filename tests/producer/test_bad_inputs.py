@@ -174,25 +174,20 @@ OUTPUTS = [
         all_of(nothing_pinned(), pinned_unchanged),
         setup=pinned_run,
     ),
-    Case(
-        "export-into-the-runs-own-output",
-        ("export", "--run", PINNED, "--format", "sharegpt", "--to", "{tmp}/pinned-out/export"),
-        EXIT_USAGE,
-        (
-            "--to file://",
-            "pinned-out/export: inside the run's own output",
-        ),
-        pinned_unchanged,
-        setup=pinned_run,
-    ),
-    Case(
-        "export-to-dev-null",
-        ("export", "--run", PINNED, "--format", "sharegpt", "--to", "/dev/null"),
-        EXIT_USAGE,
-        ("--to: '/dev/null' is a character device, not a folder",),
-        pinned_unchanged,
-        setup=pinned_run,
-    ),
+    *[
+        Case(
+            f"export-{what}",
+            ("export", "--run", PINNED, "--format", "sharegpt", "--to", to),
+            EXIT_USAGE,
+            words,
+            pinned_unchanged,
+            setup=pinned_run,
+        )
+        for what, to, words in (
+            ("into-the-runs-own-output", "{tmp}/pinned-out/export", ("pinned-out/export: inside the run's",)),
+            ("to-dev-null", "/dev/null", ("--to: '/dev/null' is a character device, not a folder",)),
+        )
+    ],
     Case(
         "output-of-another-run",
         (*NEW_RUN[:-1], "{tmp}/pinned-out"),
