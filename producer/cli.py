@@ -167,6 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_of_a_password_on_the_command_line(redis_url: str | None) -> None:
+    """A person who typed a password into a command (stdin a terminal) is told where it shows."""
+    from workers.settings import has_password
+
+    if redis_url and has_password(redis_url) and sys.stdin is not None and sys.stdin.isatty():
+        print(
+            "warning: --redis-url holds a password, which every user of this machine can read (ps, the "
+            "shell's history): set DRAFTGEN_REDIS_URL instead",
+            file=sys.stderr,
+        )
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null: flushing what is left for a closed pipe would raise again at exit."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -186,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     what the user must change, EXIT_FAILED for a failure (see producer/errors.py), never a traceback."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    _warn_of_a_password_on_the_command_line(args.redis_url)
     try:
         return _run(args)
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
@@ -59,12 +60,31 @@ DEFAULT_SHUTDOWN_GRACE_S = 25.0
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 
+SERVER_URL_SCHEMES = ("http", "https")
+SECRET_QUERY_KEYS = frozenset({"password", "pass", "passwd", "pwd", "token", "secret", "api_key", "apikey"})
+REDACTED = "***"
+
+
 def redacted_url(url: str) -> str:
-    """The URL without its password (or user), to print or log."""
-    if "@" not in url:
+    """The URL without its user and password, nor a password given as a query (`?password=`), to print."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
         return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    if "@" in rest.split("/", 1)[0] or ("@" in rest and "?" not in rest.split("@", 1)[0]):
+        rest = f"{REDACTED}@{rest.rpartition('@')[2]}"
+    base, question, query = rest.partition("?")
+    if question:
+        fields = [field.partition("=") for field in query.split("&")]
+        query = "&".join(
+            f"{key}{equals}{REDACTED if key.lower() in SECRET_QUERY_KEYS and equals else value}"
+            for key, equals, value in fields
+        )
+    return f"{scheme}{separator}{base}{question}{query}"
+
+
+def has_password(url: str) -> bool:
+    """Whether the URL carries a password (in its user part or as a query)."""
+    return redacted_url(url) != url
 
 
 @dataclass(frozen=True)
@@ -135,6 +155,7 @@ class WorkerSettings:
         values = _field_values(cls, source, ENV_PREFIX)
         if "server_url" not in values:
             values["server_url"] = _server_url(source, values.get("gpu"))
+        _check_server_url(values["server_url"])
         return cls(**values)
 
 
@@ -264,6 +285,22 @@ def _number(variable: str, text: str, kind: type[float] | type[int], what: str) 
     if value < lowest:
         raise InvalidSetting(f"{variable}={text!r}: must be {lowest} or more{meaning}")
     return value
+
+
+def _check_server_url(url: str) -> None:
+    """An SGLang server is reached over HTTP(S), and authenticated by its API key, not a URL's password
+    (which every log line and `status` naming the server would show)."""
+    variable = ENV_PREFIX + "SERVER_URL"
+    parsed = urlparse(url)
+    if parsed.scheme not in SERVER_URL_SCHEMES or not parsed.hostname:
+        raise InvalidSetting(
+            f"{variable}={redacted_url(url)!r}: must be http://host:port or https://host:port"
+        )
+    if parsed.username is not None or parsed.password is not None:
+        raise InvalidSetting(
+            f"{variable}={redacted_url(url)!r}: holds a user or password; SGLang authenticates with its "
+            f"--api-key: set {ENV_PREFIX}API_KEY instead"
+        )
 
 
 def _server_url(env: Mapping[str, str], gpu: int | None) -> str:

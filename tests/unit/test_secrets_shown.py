@@ -1,0 +1,73 @@
+"""A secret in a URL is never shown: redacted wherever a URL is printed, refused where it has no place,
+and a password typed on a command line is warned about (issue 26, item 4)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from inference.exit_codes import EXIT_FAILED
+from producer.cli import main
+from workers.errors import InvalidSetting
+from workers.settings import WorkerSettings, redacted_url
+
+CLOSED_REDIS_WITH_PASSWORD = "redis://:s3cret@127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:s3cret@h:6379/0", "redis://***@h:6379/0"),
+        (
+            "rediss://worker:s3cret@h:6380/0?ssl_cert_reqs=required",
+            "rediss://***@h:6380/0?ssl_cert_reqs=required",
+        ),
+        ("redis://h:6379/0?password=s3cret&db=2", "redis://h:6379/0?password=***&db=2"),
+        ("redis://:pa/ss@h:6379/0", "redis://***@h:6379/0"),
+        ("redis://h/0?name=a@b", "redis://h/0?name=a@b"),
+    ],
+)
+def test_a_url_is_shown_without_its_user_and_password_wherever_they_are_written(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("server_url", "said"),
+    [
+        ("file:///etc/passwd", "must be http://host:port or https://host:port"),
+        ("http://", "must be http://host:port or https://host:port"),
+        ("http://admin:s3cret@127.0.0.1:30000", "holds a user or password; SGLang authenticates with its"),
+    ],
+)
+def test_a_server_url_that_is_no_http_server_or_carries_a_password_is_refused(
+    server_url: str, said: str
+) -> None:
+    with pytest.raises(InvalidSetting, match="DRAFTGEN_SERVER_URL") as refused:
+        WorkerSettings.from_env({"DRAFTGEN_SERVER_URL": server_url})
+    assert said in str(refused.value) and "s3cret" not in str(refused.value)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_password_typed_on_the_command_line_is_warned_about_naming_the_variable_to_use(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", Terminal())
+    assert main(["--redis-url", CLOSED_REDIS_WITH_PASSWORD, "files", "--run", "r"]) == EXIT_FAILED
+    said = capsys.readouterr().err
+    assert said.startswith("warning: --redis-url holds a password") and "DRAFTGEN_REDIS_URL" in said
+    assert "s3cret" not in said
+
+
+def test_a_script_passing_the_url_is_not_warned(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO())
+    assert main(["--redis-url", CLOSED_REDIS_WITH_PASSWORD, "files", "--run", "r"]) == EXIT_FAILED
+    said = capsys.readouterr().err
+    assert said.startswith("error: Redis at redis://***@127.0.0.1:1/0") and "s3cret" not in said
