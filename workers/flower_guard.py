@@ -1,4 +1,6 @@
-"""Flower's login guard: Flower bound beyond loopback must ask for a login, and no login may be empty.
+"""Flower's login guard: Flower bound beyond loopback must ask for a login, and no login may be empty;
+its API (revoke tasks, stop consumers, shut workers down) is never opened without one by
+FLOWER_UNAUTHENTICATED_API, even on loopback, unless OPEN_API_CONSENT_VARIABLE says so explicitly.
 
 Flower shows every prompt batch id and can revoke tasks. `make_app` calls `install_flower_guard`, which
 does something only when the command being run is `celery -A workers flower`, whatever the working
@@ -19,8 +21,9 @@ Tornado (and Flower) are imported only inside the signal handler, so a worker ne
 from __future__ import annotations
 
 import ipaddress
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,9 @@ LOGIN_HINT = (
     f"or bind to {DEFAULT_ADDRESS}"
 )
 ENTRY_HINT = "give every FLOWER_BASIC_AUTH / --basic-auth entry as user:password with both parts set"
+UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"  # Flower's own switch
+OPEN_API_CONSENT_VARIABLE = "DRAFTGEN_FLOWER_OPEN_API"  # ours: "1" says yes, anyone here may control it
+TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y", "t"})  # what Flower's strtobool reads as true
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class FlowerLogin:
     unix_socket: str = ""
     basic_auth: tuple[str, ...] = ()
     oauth: str = ""
+    unauthenticated_api: bool = False  # FLOWER_UNAUTHENTICATED_API is set
+    open_api_consented: bool = False  # and DRAFTGEN_FLOWER_OPEN_API says that is meant
 
 
 def listen_address(address: str) -> str:
@@ -106,17 +114,31 @@ def refusal(login: FlowerLogin) -> str | None:
     if bound_beyond_loopback(login) and not has_login(login):
         where = login.address or EVERY_INTERFACE_WORDING
         return f"refusing to start Flower on {where} without a login: {LOGIN_HINT}"
+    if login.unauthenticated_api and not has_login(login) and not login.open_api_consented:
+        return (
+            f"refusing to start Flower: {UNAUTHENTICATED_API_VARIABLE} opens its API with no login, so "
+            "anyone who reaches it (every user of this host, on loopback) can revoke tasks, stop consumers "
+            f"and shut workers down; set FLOWER_BASIC_AUTH, or unset it ({OPEN_API_CONSENT_VARIABLE}=1 "
+            "keeps it open anyway)"
+        )
     return None
 
 
-def login_from_options(options: Any) -> FlowerLogin:
-    """Flower's tornado options (or anything with the same attributes) as a `FlowerLogin`."""
+def login_from_options(options: Any, env: Mapping[str, str] | None = None) -> FlowerLogin:
+    """Flower's tornado options (or anything with the same attributes) and environment as a `FlowerLogin`."""
+    source = os.environ if env is None else env
     return FlowerLogin(
         address=options.address or "",
         unix_socket=options.unix_socket or "",
         basic_auth=tuple(options.basic_auth or ()),
         oauth=options.auth or "",
+        unauthenticated_api=_true(source.get(UNAUTHENTICATED_API_VARIABLE, "")),
+        open_api_consented=_true(source.get(OPEN_API_CONSENT_VARIABLE, "")),
     )
+
+
+def _true(text: str) -> bool:
+    return text.strip().lower() in TRUE_WORDS
 
 
 def enforce_login(options: Any) -> None:

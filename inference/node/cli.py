@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -208,12 +209,34 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     )
 
 
+LOOPBACK_HOSTS = frozenset({"localhost"})
+
+
+def wide_bind_warning(host: str, api_key: str | None) -> str | None:
+    """What to say when the servers listen beyond this machine with no API key: anyone who reaches them
+    generates on the fleet's GPUs, and reads /server_info."""
+    if api_key or host in LOOPBACK_HOSTS:
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may be reached from elsewhere
+    return (
+        f"the servers listen on {host or 'every interface'} without an API key: anyone who reaches them can "
+        "use the GPUs; give --api-key-env or --api-key-file (or bind 127.0.0.1)"
+    )
+
+
 def serve_command(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         commands = build_commands(settings)
     except OptionError as error:
         return _fail(error, EXIT_USAGE)
+    warning = wide_bind_warning(settings.host, settings.api_key)
+    if warning is not None:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.dry_run:
         for command in commands:
             print(command.render())

@@ -162,10 +162,10 @@ def running_stack(redis_url: str, log_dir: Path, tmp_path: Path) -> Iterator[Sta
 @pytest.fixture
 def flower(running_stack: Stack, log_dir: Path) -> Iterator[str]:
     port = free_port()
-    # The API answers without a login only when told to; Flower is bound to loopback here.
-    process: ManagedProcess = flower_process(
-        port, running_stack.env(FLOWER_UNAUTHENTICATED_API="true"), log_dir
-    ).start()
+    # The API answers without a login only when told to, and draftgen's guard starts it so only with the
+    # consent said too; Flower is bound to loopback here, on a machine of tests.
+    env = running_stack.env(FLOWER_UNAUTHENTICATED_API="true", DRAFTGEN_FLOWER_OPEN_API="1")
+    process: ManagedProcess = flower_process(port, env, log_dir).start()
     base = f"http://127.0.0.1:{port}"
     try:
         process.wait_ready(lambda: http_ok(f"{base}/healthcheck"), timeout_s=FLOWER_START_TIMEOUT_S)

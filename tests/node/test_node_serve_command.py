@@ -11,7 +11,7 @@ import pytest
 
 from inference.exit_codes import EXIT_OK, EXIT_USAGE
 from inference.node import command as command_module
-from inference.node.cli import register
+from inference.node.cli import register, wide_bind_warning
 from inference.node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets
 from inference.node.errors import OptionError
 from inference.node.settings import (
@@ -209,3 +209,24 @@ def test_the_api_key_comes_from_a_file_before_the_environment(tmp_path: Path) ->
     assert read_api_key("KEY", None, {}) is None
     with pytest.raises(OptionError, match="cannot read it"):
         read_api_key("KEY", tmp_path / "missing", {})
+
+
+@pytest.mark.parametrize(
+    ("host", "api_key", "warned"),
+    [
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("gpu-node-3", None, True),
+        ("0.0.0.0", "key", False),
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+    ],
+)
+def test_serving_beyond_loopback_without_an_api_key_is_warned_about(
+    host: str, api_key: str | None, warned: bool
+) -> None:
+    warning = wide_bind_warning(host, api_key)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert "without an API key" in warning and "--api-key-env" in warning

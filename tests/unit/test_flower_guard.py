@@ -22,6 +22,7 @@ from workers.flower_guard import (
     install_flower_guard,
     is_loopback,
     listen_address,
+    login_from_options,
     refusal,
 )
 
@@ -186,3 +187,28 @@ def test_importing_the_workers_app_loads_neither_tornado_nor_flower() -> None:
         check=True,
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_flower_with_its_api_opened_without_a_login_is_refused_even_on_loopback() -> None:
+    reason = refusal(FlowerLogin(address="127.0.0.1", unauthenticated_api=True))
+    assert reason is not None and "FLOWER_UNAUTHENTICATED_API opens its API with no login" in reason
+    assert "DRAFTGEN_FLOWER_OPEN_API=1" in reason
+
+
+def test_flower_with_its_api_opened_and_the_consent_given_may_start() -> None:
+    assert (
+        refusal(FlowerLogin(address="127.0.0.1", unauthenticated_api=True, open_api_consented=True)) is None
+    )
+
+
+def test_flower_with_its_api_opened_behind_a_login_may_start_as_the_login_guards_the_api() -> None:
+    assert (
+        refusal(FlowerLogin(address=EVERY_INTERFACE, basic_auth=("a:b",), unauthenticated_api=True)) is None
+    )
+
+
+def test_the_guard_reads_flowers_api_switch_and_the_consent_from_the_environment() -> None:
+    login = login_from_options(
+        flower_options(), {"FLOWER_UNAUTHENTICATED_API": "True", "DRAFTGEN_FLOWER_OPEN_API": "0"}
+    )
+    assert login.unauthenticated_api and not login.open_api_consented
