@@ -104,6 +104,9 @@ class WorkerSettings:
     visibility_timeout_s: int = DEFAULT_VISIBILITY_TIMEOUT_S
     unacked_restore_interval_s: int = DEFAULT_UNACKED_RESTORE_INTERVAL_S
     hostname: str = field(default_factory=socket.gethostname)
+    # Obey Celery's commands that change a worker (shutdown, cancel_consumer, revoke...): any Redis user
+    # who can publish on the control channel could send them (workers/control_commands.py).
+    remote_control_commands: bool = False
     upload: UploadSettings = field(default_factory=UploadSettings)
     liveness_enabled: bool = True
     liveness_poll_s: float = DEFAULT_LIVENESS_POLL_S

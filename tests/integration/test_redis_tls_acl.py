@@ -5,6 +5,9 @@ refused what it must not do."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +16,14 @@ from typing import Any
 import pytest
 import redis
 
-from devstack.local_stack import flower_process, free_port, http_ok, wait_until
+from devstack.local_stack import PROJECT_ROOT, celery_command, flower_process, free_port, http_ok, wait_until
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
 from tests.support.stack import simulators
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +102,47 @@ def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refus
         assert "generate" in broker_page and "upload" in broker_page
     finally:
         flower.stop()
+        stack.stop()
+
+
+def test_a_worker_s_user_can_neither_stop_nor_deafen_the_fleet_by_remote_control(
+    head: RedisHead, sims: list[SimulatorProcess], tmp_path: Path, log_dir: Path
+) -> None:
+    # Given a generate worker and the uploader, each as its own user
+    urls = head.urls
+    stack = RoleStack(
+        urls["producer"], log_dir, sims, worker_url=urls["worker"], uploader_url=urls["uploader"]
+    )
+    try:
+        stack.start()
+        generator, uploader = stack.generators[0], stack.uploader
+        assert uploader is not None
+        host = socket.gethostname()
+        # When a GPU node's password broadcasts what would stop or deafen the fleet
+        attacks = [
+            ("shutdown", "-d", f"{uploader.name}@{host}"),
+            ("cancel_consumer", GENERATE_QUEUE, "-d", f"{generator.name}@{host}"),
+            ("rate_limit", GENERATE_TASK, "1/h"),
+            ("revoke", "0f0f0f0f-0000-4000-8000-000000000000"),
+            ("shutdown",),
+        ]
+        env = {**os.environ, **stack.env(DRAFTGEN_REDIS_URL=urls["worker"])}
+        for attack in attacks:
+            sent = subprocess.run(
+                celery_command("control", *attack), cwd=PROJECT_ROOT, env=env, capture_output=True, text=True
+            )
+            said = sent.stdout + sent.stderr
+            assert "refused" in said and "remote-control questions only" in said, (attack, said)
+        # Then every worker is still up and consuming: a run enqueued now is committed whole
+        assert generator.alive() and uploader.alive()
+        rows: list[object] = [prompt_files.as_messages(row) for row in prompt_files.questions(16, "c")]
+        data = prompt_files.write_jsonl(tmp_path / "c.jsonl", rows)
+        stack.enqueue(data, "tls-control", "--output", str(tmp_path / "out"))
+        wait_until(
+            lambda: finished(stack, "tls-control"), timeout_s=FINISH_S, what="the run after the attacks"
+        )
+        assert stack.verify("tls-control").returncode == 0
+    finally:
         stack.stop()
 
 
