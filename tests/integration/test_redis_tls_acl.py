@@ -62,6 +62,13 @@ def client_of(head: RedisHead, user: str) -> redis.Redis:
     return redis.Redis.from_url(head.urls[user])
 
 
+def role_stack(head: RedisHead, log_dir: Path, sims: list[SimulatorProcess]) -> RoleStack:
+    """Workers and the uploader as their own users, the commands as the producer's."""
+    urls = head.urls
+    worker, uploader = urls["worker"], urls["uploader"]
+    return RoleStack(urls["producer"], log_dir, sims, worker_url=worker, uploader_url=uploader)
+
+
 def refusals(admin: redis.Redis) -> list[dict[str, Any]]:
     """ACL LOG: every command, key or channel a user was refused."""
     return [entry for entry in admin.acl_log(count=1000) if entry["object"] not in IGNORED_REFUSALS]
@@ -78,9 +85,7 @@ def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refus
 ) -> None:
     # Given the workers, the uploader and Flower each connected as their own user, over TLS
     urls = head.urls
-    stack = RoleStack(
-        urls["producer"], log_dir, sims, worker_url=urls["worker"], uploader_url=urls["uploader"]
-    )
+    stack = role_stack(head, log_dir, sims)
     flower_port = free_port()
     flower = flower_process(flower_port, stack.env(DRAFTGEN_REDIS_URL=urls["flower"]), log_dir)
     try:
@@ -110,9 +115,7 @@ def test_a_worker_s_user_can_neither_stop_nor_deafen_the_fleet_by_remote_control
 ) -> None:
     # Given a generate worker and the uploader, each as its own user
     urls = head.urls
-    stack = RoleStack(
-        urls["producer"], log_dir, sims, worker_url=urls["worker"], uploader_url=urls["uploader"]
-    )
+    stack = role_stack(head, log_dir, sims)
     try:
         stack.start()
         generator, uploader = stack.generators[0], stack.uploader
