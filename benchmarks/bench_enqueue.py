@@ -56,6 +56,7 @@ WORDS = (
     "code",
 )
 TIME_BIN = "/usr/bin/time"
+ERROR_TAIL_CHARS = 3000
 SHORT_PROMPT_WORDS = (15, 45)
 LONG_PROMPT_WORDS = (100, 600)
 LONG_VOCABULARY_WORDS = 5000
@@ -103,7 +104,10 @@ def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
     if Path(TIME_BIN).exists():
         command = [TIME_BIN, "-v", *command]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        said = result.stderr[-ERROR_TAIL_CHARS:]
+        raise SystemExit(f"enqueue of {data.name} exited {result.returncode}:\n{said}")
     elapsed = time.monotonic() - started
     match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
     return elapsed, int(match.group(1)) if match else 0
