@@ -151,9 +151,9 @@ def _decompressed(raw: io.BufferedIOBase, kind: FileKind) -> io.BufferedIOBase:
 def _jsonl_rows(
     raw: io.BufferedIOBase, kind: FileKind, label: str, limits: ReadLimits
 ) -> Iterator[SourceRow]:
-    compressed_bytes = None if kind is FileKind.JSONL else raw.tell
+    stored_bytes = _never_inflated if kind is FileKind.JSONL else raw.tell  # a FIFO has no tell()
     with raw, _decompressed(raw, kind) as stream:
-        lines = _bounded_lines(stream, limits, compressed_bytes)
+        lines = _bounded_lines(stream, limits, stored_bytes=stored_bytes)
         for line_number, line in enumerate(lines, start=1):
             if isinstance(line, UnreadableRow):
                 yield SourceRow(row=line_number, value=line, file=label)
@@ -173,8 +173,13 @@ def _decoded(text: bytes) -> object:
         return UnreadableRow(reason="invalid row: nested deeper than the JSON decoder goes")
 
 
+def _never_inflated() -> int:
+    """The stored size of a plain file, for the expansion check: its rows are its bytes."""
+    return sys.maxsize
+
+
 def _bounded_lines(
-    stream: io.BufferedIOBase, limits: ReadLimits, compressed_bytes: Callable[[], int] | None
+    stream: io.BufferedIOBase, limits: ReadLimits, *, stored_bytes: Callable[[], int]
 ) -> Iterator[bytes | UnreadableRow]:
     """Each line, never holding more than the row limit: a longer line is read through in pieces and
     yields its rejection. A line with no end in sight, or a compressed file inflating far beyond any
@@ -184,8 +189,7 @@ def _bounded_lines(
     while line := stream.readline(limit + 1):
         line_number += 1
         read_bytes += len(line)
-        if compressed_bytes is not None:
-            limits.check_expansion(read_bytes, compressed_bytes())
+        limits.check_expansion(read_bytes, stored_bytes)
         if len(line) <= limit or line.endswith(b"\n"):
             yield line
             continue
@@ -193,8 +197,7 @@ def _bounded_lines(
         while not line.endswith(b"\n") and (line := stream.readline(limit)):
             size += len(line)
             read_bytes += len(line)
-            if compressed_bytes is not None:
-                limits.check_expansion(read_bytes, compressed_bytes())
+            limits.check_expansion(read_bytes, stored_bytes)
             if size > limits.overlong_line_skip_bytes:
                 raise SourceError(
                     f"line {line_number} runs on past {size:,} bytes without a line end, over "
@@ -296,7 +299,7 @@ def _batch_rows(
     for batch in batches:
         sizes = row_sizes_bytes(batch)
         read_bytes += sum(sizes)
-        limits.check_expansion(read_bytes, stored_bytes())
+        limits.check_expansion(read_bytes, stored_bytes)
         for start, end in _slices(sizes, limits):
             if sizes[start] > limits.max_row_bytes:
                 values: list[object] = [UnreadableRow(reason=limits.over_limit(sizes[start]))]

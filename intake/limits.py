@@ -17,6 +17,7 @@ at most `MAX_TURNS` messages of at most `MAX_CONTENT_PARTS` parts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from intake.errors import SourceError
@@ -49,11 +50,15 @@ class ReadLimits:
     def overlong_line_skip_bytes(self) -> int:
         return self.max_row_bytes * OVERLONG_LINE_SKIP_FACTOR
 
-    def check_expansion(self, read_bytes: int, stored_bytes: int) -> None:
-        """Refuse (SourceError) a file whose rows hold far more than a compressed text file can."""
-        if read_bytes > EXPANSION_CHECKED_FROM_BYTES and read_bytes > MAX_EXPANSION_RATIO * stored_bytes:
+    def check_expansion(self, read_bytes: int, stored_bytes: Callable[[], int]) -> None:
+        """Refuse (SourceError) a file whose rows hold far more than a compressed text file can. A plain
+        file never is: its rows are its stored bytes. `stored_bytes` is asked only past the floor."""
+        if read_bytes <= EXPANSION_CHECKED_FROM_BYTES:
+            return
+        stored = stored_bytes()
+        if read_bytes > MAX_EXPANSION_RATIO * stored:
             raise SourceError(
-                f"{stored_bytes:,} bytes stored expand to more than {read_bytes:,}, over "
+                f"{stored:,} bytes stored expand to more than {read_bytes:,}, over "
                 f"{MAX_EXPANSION_RATIO} times: no text compresses so well (a decompression bomb?): refused"
             )
 

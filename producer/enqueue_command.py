@@ -83,20 +83,18 @@ def _with_first_prompt(items: Iterator[Prompt | RejectedRow], data: str) -> Iter
     """The same stream, refused (SourceError) before anything is pinned when it holds no row, or when its
     rows up to the end, or the first LOOKAHEAD_REJECTIONS of them, are all rejected: a run of nothing is a
     mistake (most often columns of other names: the reason says which it has)."""
-    held: list[Prompt | RejectedRow] = []
+    rejected: list[RejectedRow] = []
     for item in items:
-        held.append(item)
         if isinstance(item, Prompt):
-            return itertools.chain(held, items)
-        if len(held) >= LOOKAHEAD_REJECTIONS:
+            return itertools.chain(rejected, [item], items)
+        rejected.append(item)
+        if len(rejected) >= LOOKAHEAD_REJECTIONS:
             break
-    if not held:
+    if not rejected:
         raise SourceError(f"{data}: holds no rows (empty, or only blank lines): nothing to enqueue")
-    first = held[0]
-    assert isinstance(first, RejectedRow)
-    which = "its first" if len(held) >= LOOKAHEAD_REJECTIONS else "all its"
+    which = "its first" if len(rejected) >= LOOKAHEAD_REJECTIONS else "all its"
     raise SourceError(
-        f"{data}: {which} {len(held):,} rows are rejected, nothing to enqueue; {first.describe()}"
+        f"{data}: {which} {len(rejected):,} rows are rejected, nothing to enqueue; {rejected[0].describe()}"
     )
 
 

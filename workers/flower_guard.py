@@ -20,7 +20,6 @@ Tornado (and Flower) are imported only inside the signal handler, so a worker ne
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -31,9 +30,10 @@ import click
 from celery import Celery
 from celery.signals import import_modules
 
+from inference.addresses import is_loopback
+
 FLOWER_COMMAND = "flower"
 DEFAULT_ADDRESS = "127.0.0.1"  # Flower's own default, "", listens on every interface
-LOOPBACK_HOST_NAMES = frozenset({"localhost"})
 EVERY_INTERFACE_WORDING = "every interface"  # how the refusal names the address ""
 CREDENTIAL_SEPARATOR = ":"
 FIRST_ENTRY_NUMBER = 1
@@ -62,15 +62,6 @@ class FlowerLogin:
 def listen_address(address: str) -> str:
     """The address Flower should bind: the one given, or loopback when none is."""
     return address or DEFAULT_ADDRESS
-
-
-def is_loopback(address: str) -> bool:
-    if address in LOOPBACK_HOST_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False  # a host name other than localhost, or "" (every interface): reachable from outside
 
 
 def basic_auth_entry_problem(entry: str) -> str | None:

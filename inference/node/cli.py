@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from inference.addresses import is_loopback
 from inference.errors import ServerNotReady
 from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.command import build_commands
@@ -209,19 +209,11 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     )
 
 
-LOOPBACK_HOSTS = frozenset({"localhost"})
-
-
 def wide_bind_warning(host: str, api_key: str | None) -> str | None:
     """What to say when the servers listen beyond this machine with no API key: anyone who reaches them
     generates on the fleet's GPUs, and reads /server_info."""
-    if api_key or host in LOOPBACK_HOSTS:
+    if api_key or is_loopback(host):
         return None
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return None
-    except ValueError:
-        pass  # a host name: it may be reached from elsewhere
     return (
         f"the servers listen on {host or 'every interface'} without an API key: anyone who reaches them can "
         "use the GPUs; give --api-key-env or --api-key-file (or bind 127.0.0.1)"

@@ -23,18 +23,23 @@ LINES_AWAITED = 3
 READ_TIMEOUT_S = 60
 
 
+def watch_piped(redis_url: str, tmp_path: Path, *, run: str, prompts: int) -> subprocess.Popen[str]:
+    """A run of `prompts` prompts enqueued, and `status --watch` of it started with its output a pipe."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"id": "q{i}", "prompt": "question {i}"}}\n' for i in range(prompts)))
+    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", run, "--output", str(tmp_path / "o")]
+    assert main(argv) == EXIT_OK
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
+    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", run]
+    return subprocess.Popen(
+        [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
 def test_status_watch_into_a_pipe_writes_a_line_per_refresh_until_interrupted(
     redis_url: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "d.jsonl"
-    data.write_text("".join(f'{{"id": "q{i}", "prompt": "question {i}"}}\n' for i in range(3)))
-    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", "w", "--output", str(tmp_path / "o")]
-    assert main(argv) == EXIT_OK
-    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
-    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", "w"]
-    watching = subprocess.Popen(
-        [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    watching = watch_piped(redis_url, tmp_path, run="w", prompts=3)
     try:
         assert watching.stdout is not None
         lines: list[str] = []
@@ -60,15 +65,7 @@ def collect(stream: IO[str], lines: list[str], enough: threading.Event) -> None:
 def test_status_watch_into_a_reader_that_stops_early_ends_quietly_as_a_pipe_to_head_does(
     redis_url: str, tmp_path: Path
 ) -> None:
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"id": "q0", "prompt": "question 0"}\n')
-    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", "h", "--output", str(tmp_path / "o")]
-    assert main(argv) == EXIT_OK
-    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
-    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", "h"]
-    watching = subprocess.Popen(
-        [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    watching = watch_piped(redis_url, tmp_path, run="h", prompts=1)
     try:
         assert watching.stdout is not None
         assert " run h " in watching.stdout.readline()

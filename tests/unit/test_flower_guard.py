@@ -13,6 +13,7 @@ from celery import Celery
 from celery.signals import import_modules
 
 from devstack.local_stack import PROJECT_ROOT
+from inference.addresses import is_loopback
 from workers.flower_guard import (
     DEFAULT_ADDRESS,
     FlowerLogin,
@@ -20,7 +21,6 @@ from workers.flower_guard import (
     flower_is_starting,
     guard_flower,
     install_flower_guard,
-    is_loopback,
     listen_address,
     login_from_options,
     refusal,
