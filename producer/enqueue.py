@@ -156,24 +156,35 @@ class Enqueuer:
     def _new_batch_id(self) -> str:
         return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
 
-    def _hold_lease(self) -> None:
-        """Take or renew the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
-        lease_ms = ENQUEUE_LEASE_S * MS_PER_S
-        lock = self.keys.enqueue_lock
-        if self.client.set(lock, self.session_id, nx=True, px=lease_ms):
-            return
-        if self._scripts.extend_lock(keys=[lock], args=[self.session_id, lease_ms]):
+    def _take_lease(self) -> None:
+        """Take the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
+        if self.client.set(self.keys.enqueue_lock, self.session_id, nx=True, px=ENQUEUE_LEASE_S * MS_PER_S):
             return
         raise EnqueueBusy(
             f"another enqueue of run {self.settings.run!r} is at work; wait for it to finish "
             f"(a crashed one stops blocking within {ENQUEUE_LEASE_S} s), then run this again"
         )
 
-    def _renew_lease(self) -> None:
-        """Keep the lease while a chunk's writes take long (a slow object store); a lease lost anyway
-        (the process froze) makes the next claim refuse."""
-        self._scripts.extend_lock(
-            keys=[self.keys.enqueue_lock], args=[self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
+    def _renew_lease(self) -> bool:
+        """Keep the lease while a chunk's writes take long (a slow object store). True while it is ours."""
+        return bool(
+            self._scripts.extend_lock(
+                keys=[self.keys.enqueue_lock], args=[self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
+            )
+        )
+
+    def _keep_lease(self, prompts: int) -> None:
+        """Before a chunk: the lease must have been ours all along. One that ran out is never taken
+        again, even when free: another enqueue may have held it meanwhile, and what this one judged
+        at its start (which prompts no batch carries) may no longer hold."""
+        if not self._renew_lease():
+            raise self._lease_lost(prompts)
+
+    def _lease_lost(self, prompts: int) -> EnqueueBusy:
+        return EnqueueBusy(
+            f"this enqueue of run {self.settings.run!r} lost its lease while it waited (another "
+            f"enqueue may have taken over); it stopped before claiming {prompts} prompts, and "
+            "what it enqueued before stays: run the same command again to add the rest"
         )
 
     def enqueue(self, items: Iterable[Prompt | RejectedRow]) -> EnqueueReport:
@@ -181,7 +192,7 @@ class Enqueuer:
         Ctrl-C ends it at a chunk boundary with `report.interrupted` set (see the module docstring).
         Raises EnqueueBusy when another enqueue of the run holds its lease, or took it over."""
         report = EnqueueReport()
-        self._hold_lease()
+        self._take_lease()
         renewer = PeriodicThread("draftgen-enqueue-lease", ENQUEUE_RENEW_S, self._renew_lease)
         renewer.start()
         try:
@@ -242,8 +253,8 @@ class Enqueuer:
     def _store_chunk(self, chunk: list[Prompt | RejectedRow], report: EnqueueReport) -> list[str]:
         """Write the chunk's new prompts, in batches, to Redis and the outbox; returns the batch ids. On
         the store thread: Ctrl-C reaches the main thread only, so a chunk is claimed whole or not at all."""
-        self._hold_lease()
         prompts = [item for item in chunk if isinstance(item, Prompt)]
+        self._keep_lease(len(prompts))
         fingerprinted, conflicts = self._new_prompts(prompts, report)
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
         if not fingerprinted:
@@ -283,11 +294,7 @@ class Enqueuer:
         except redis.ResponseError as error:
             if LOCK_LOST not in str(error):
                 raise
-            raise EnqueueBusy(
-                f"this enqueue of run {self.settings.run!r} lost its lease while it waited (another "
-                f"enqueue may have taken over); it stopped before claiming {len(new)} prompts, and "
-                "what it enqueued before stays: run the same command again to add the rest"
-            ) from error
+            raise self._lease_lost(len(new)) from error
         report.new += len(new)
         report.batches += len(batches)
         return [batch.batch_id for batch in batches]

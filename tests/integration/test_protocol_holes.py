@@ -250,6 +250,33 @@ def test_an_enqueue_whose_lock_ran_out_while_it_stalled_claims_nothing_another_t
     assert sorted(batch_ids) == sorted(second)
 
 
+def test_an_enqueue_whose_lock_ran_out_before_its_first_chunk_does_not_take_it_again_and_batch_twice(
+    redis_client: redis.Redis, output: ObjectStore
+) -> None:
+    """Found by the explorer (seed 2124839905): an enqueue judged the run to have no open batch (so a
+    prompt the run holds that no batch carries is an orphan to batch again), stalled past its lock while
+    another enqueue batched every prompt and released the lock, then took the free lock again and batched
+    them all a second time as orphans."""
+    settings = start_run(redis_client, output, batch_size=2)
+    ids = ["p0", "p1", "p2", "p3"]
+    second: list[str] = []
+
+    def rows_read_after_the_lock_ran_out_and_another_enqueue_ran() -> Iterator[Any]:
+        redis_client.delete(RunKeys(RUN).enqueue_lock)
+        second.extend(enqueue(redis_client, settings, output, ids))
+        yield from (prompt(prompt_id) for prompt_id in ids)
+
+    first = Enqueuer(redis_client, settings, lambda _run, _ids: None, source="first", store=output)
+
+    with pytest.raises(EnqueueBusy):
+        first.enqueue(rows_read_after_the_lock_ran_out_and_another_enqueue_ran())
+
+    batch_ids = [raw.decode() for raw in redis_client.zrange(RunKeys(RUN).open_batches, 0, -1)]
+    placed = sorted(p.id for batch_id in batch_ids for p in stored_batch(redis_client, batch_id).prompts)
+    assert placed == ids
+    assert sorted(batch_ids) == sorted(second)
+
+
 # --- 5. a renewal racing a hand-back
 
 
