@@ -5,9 +5,9 @@ It also says how far one Redis carries a fleet. Redis's own CPU per completion (
 CPU over the run, and the command time `INFO commandstats` counts: enqueue, lease, stage, commit,
 heartbeats, events, Celery's messages, everything) gives the completions/s one Redis core serves, and
 so the GPUs it serves at the seeds' rate of 0.8 completions/s per GPU. Redis memory left per prompt
-once the run is committed (the ids in `enqueued` and `done`) gives the ceiling in prompts on a
-64 GB Redis; the fingerprints of explicit ids are reported apart (their 65,536 hashes cost a fixed
-amount that only a big run spreads).
+once the run is committed (its `done` set and the rest) gives the ceiling in prompts on a 64 GB Redis;
+the run's ids (with the fingerprints of explicit ids) are reported apart: their 65,536 hashes cost a
+fixed amount that only a big run spreads.
 
     .venv/bin/python benchmarks/bench_control_plane.py [--prompts 6000] [--workers 2]
 
@@ -31,12 +31,12 @@ from devstack.local_stack import free_port, start_celery_worker, start_redis, wa
 from devstack.runs import enqueue_run, memory_by_prefix
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
-from workers.state.keys import FINGERPRINT_BUCKETS, RunKeys
+from workers.state.keys import ID_BUCKETS, RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.runs import RunSettings
 
 INSTANT_SPEEDUP = 100_000.0
-FINGERPRINTS = "fingerprints"
+RUN_IDS = "the run's ids"
 TINY_THINKING_TOKENS = 20.0
 TINY_ANSWER_TOKENS = 10.0
 RUN_TIMEOUT_S = 600.0
@@ -109,9 +109,7 @@ def main() -> int:
             command_us, top_commands = command_time_us(client)
             memory_left = int(client.info("memory")["used_memory"]) - memory_before
             # a fixed cost per bucket that a small run cannot spread: reported apart
-            fingerprint_bytes = memory_by_prefix(
-                client, {RunKeys("cp").fingerprints_prefix: FINGERPRINTS}
-            ).get(FINGERPRINTS, 0)
+            id_bytes = memory_by_prefix(client, {RunKeys("cp").ids_prefix: RUN_IDS}).get(RUN_IDS, 0)
         finally:
             for worker in workers:
                 worker.stop()
@@ -128,17 +126,16 @@ def main() -> int:
     print(f"Redis CPU per completion  {cpu_us:.0f} us (user + system)")
     print(f"  in commands             {command_us / args.prompts:.0f} us; costliest: {costliest}")
     print(f"one Redis core serves     {per_core_cps:,.0f} completions/s = {gpus:,.0f} GPUs at 0.8/s each")
-    per_prompt = (memory_left - fingerprint_bytes) / args.prompts
+    per_prompt = (memory_left - id_bytes) / args.prompts
     print(
-        f"Redis memory per committed prompt {per_prompt:.0f} bytes, fingerprints apart: "
+        f"Redis memory per committed prompt {per_prompt:.0f} bytes, the run's ids apart: "
         f"1M prompts {per_prompt * MILLION / 2**20:,.0f} MiB, "
         f"10M {per_prompt * 10 * MILLION / 2**30:.1f} GiB, "
         f"64 GB hold {REDIS_MEMORY_BYTES / per_prompt / MILLION:,.0f}M"
     )
     print(
-        f"  + fingerprints of explicit ids {fingerprint_bytes / args.prompts:.0f} bytes each here "
-        f"({FINGERPRINT_BUCKETS:,} hashes, sparse at this size; at 1M ids they cost ~52: "
-        "workers/state/keys.py)"
+        f"  + the run's ids, with the fingerprints of explicit ids, {id_bytes / args.prompts:.0f} bytes each "
+        f"here ({ID_BUCKETS:,} hashes, sparse at this size; benchmarks/bench_enqueue.py measures them at 1M)"
     )
     print(f"redis_us_per_completion={cpu_us:.0f} fleet_gpus_per_redis_core={gpus:.0f}")
     print(f"control_plane_cps={args.prompts / run_s:.0f}")

@@ -3,7 +3,7 @@
 Reports wall time (the first enqueue and a re-run over the same rows, which finds them all there, side by
 side), the producer's peak memory at 100k and at the full count (flat means streamed),
 and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed), with
-where it goes: the batches, the run's ids, the fingerprints of explicit ids, the queue's messages.
+where it goes: the batches, the run's ids (with the fingerprints of explicit ids), the queue's messages.
 
     .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts]
 
@@ -120,8 +120,7 @@ def memory_by_kind(client: redis.Redis, run: str) -> dict[str, int]:
         client,
         {
             keys.batches_prefix: "batches (compressed prompts)",
-            keys.fingerprints_prefix: "fingerprints of explicit ids",
-            keys.enqueued: "the run's ids (enqueued set)",
+            keys.ids_prefix: "the run's ids, with their fingerprints",
             GENERATE_QUEUE: "messages in the queue",
         },
     )

@@ -1,11 +1,12 @@
 """Enqueue a stream of prompts into a run: only what is new, batched, compressed, and never lost.
 
 Each chunk's new ids are first written to the object store (`enqueued/`, so the output alone says
-what the run was asked to do), then, in one atomic Redis step, join the run's `enqueued` set together
-with the batches that carry them and the outbox entry of each batch. Only then are the batch
-messages published, and each batch leaves the outbox once published. A crash anywhere leaves
-either nothing or batches in the outbox, which the next `enqueue` publishes first. Rejected rows go
-to the object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
+what the run was asked to do), then, in one atomic Redis step, join the run's ids (each with the enqueue
+that claimed it: how a duplicate in the input is told from an id already there) together with the
+batches that carry them and the outbox entry of each batch. Only then are the batch messages
+published, and each batch leaves the outbox once published. A crash anywhere leaves either nothing or
+batches in the outbox, which the next `enqueue` publishes first. Rejected rows go to the object store
+too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
 prompt is never placed in two batches by two enqueues racing.
 
 An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
@@ -37,7 +38,7 @@ from inference.records import Prompt, PromptBatch
 from intake.rejected import RejectedRow
 from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
-from producer.fingerprints import Fingerprint, content_digest, fingerprint_bucket
+from producer.fingerprints import Fingerprint, content_digest
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
@@ -46,7 +47,7 @@ from workers.record.object_store import ObjectStore
 from workers.record.rejections import StoredRejection
 from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
-from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, ORPHANED, Scripts
+from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, NEW, ORPHANED, Scripts
 from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 log = logging.getLogger(__name__)
@@ -55,15 +56,12 @@ Publish = Callable[[str, Sequence[str]], None]  # (run, batch ids): send each ba
 BATCHES_PER_CHUNK = 32  # one Redis round trip per this many batches
 BATCH_ID_BITS = 64
 BITS_PER_HEX_DIGIT = 4
-SESSION_TTL_S = 24 * 3600
 ENQUEUE_LEASE_S = 60  # a crashed enqueue blocks the next one this long at most
 ENQUEUE_RENEW_S = 20.0  # renewed this often while the enqueue lives, however long a chunk's writes take
 MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
 CHUNKS_STORING = 1  # chunks read and waiting for the store thread, at most, beside the one it stores
-HELD_STATUSES = (DUPLICATE_IN_INPUT, ALREADY_THERE)  # the id is already in the run: compare contents
-FINGERPRINTED_STATUSES = (*HELD_STATUSES, ORPHANED)  # an orphan's first content is known by its fingerprint
 
 
 @dataclass
@@ -146,7 +144,6 @@ class Enqueuer:
         # Batch ids: 64 random bits each, from a generator seeded from the OS once (asking the OS for each
         # of a run's hundreds of thousands of batches cost a second per 6,000 on a cloud VM).
         self._batch_ids = random.Random(uuid.uuid4().int)
-        self.session_key = self.keys.enqueue_session(self.session_id)
         self._scripts = Scripts.register(client)
         self._requeue_orphans = False
         self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
@@ -210,7 +207,6 @@ class Enqueuer:
             report.interrupted = True
         finally:
             renewer.stop()
-            self.client.delete(self.session_key)
             self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
         return report
 
@@ -277,15 +273,16 @@ class Enqueuer:
                 fingerprints=fingerprints,
             )
             self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), msgspec.json.encode(record))
-        self._remember_fingerprints(fingerprints)
+        holders = [fingerprints.get(p.id, str(self.enqueue_number)) for p in new]
         keys = [
-            self.keys.enqueued,
-            self.session_key,
+            self.keys.enqueued_count,
             self.keys.unpublished,
             self.keys.open_batches,
             self.keys.enqueue_lock,
+            *(self.keys.ids(p.id) for p in new),
         ]
-        args: list[str | bytes | int] = [ids, SESSION_TTL_S, self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
+        lease_ms = ENQUEUE_LEASE_S * MS_PER_S
+        args: list[str | bytes | int] = [self.session_id, lease_ms, ids, msgspec.json.encode(holders)]
         for batch in batches:
             keys.append(self.keys.batch(batch.batch_id))
             args += [encode_blob(batch), batch.batch_id]
@@ -307,21 +304,18 @@ class Enqueuer:
         if not prompts:
             return [], []
         ids = msgspec.json.encode([p.id for p in prompts])
-        keys = [self.keys.enqueued, self.session_key, self.keys.done, self.keys.staged, self.keys.dead]
+        keys = [self.keys.done, self.keys.staged, self.keys.dead, *(self.keys.ids(p.id) for p in prompts)]
         requeue = "1" if self._requeue_orphans else "0"
-        statuses = self._scripts.classify(keys=keys, args=[ids, requeue]).decode()
+        statuses_raw, *holders = self._scripts.classify(keys=keys, args=[ids, requeue, self.enqueue_number])
+        statuses = statuses_raw.decode()
         digests = [content_digest(p) for p in prompts]  # None for a hashed id: the id is the digest
-        known = [
-            p.id
-            for p, status, digest in zip(prompts, statuses, digests, strict=True)
-            if digest is not None and status in FINGERPRINTED_STATUSES
-        ]
-        seen = self._stored_fingerprints(known)
+        held = iter(holders)  # one for each id the run holds, in order
         new: list[tuple[Prompt, Fingerprint | None]] = []
         conflicts: list[RejectedRow] = []
         in_chunk: dict[str, Fingerprint | None] = {}
         for prompt, status, digest in zip(prompts, statuses, digests, strict=True):
-            first = seen.get(prompt.id)
+            holder = None if status == NEW else next(held)
+            first = Fingerprint.decode(holder) if digest is not None else None
             kept = None if status == ORPHANED else first  # an orphan's first text went with its batch
             earlier = in_chunk.get(prompt.id, kept)
             if earlier is not None and earlier.digest != digest:
@@ -343,33 +337,6 @@ class Enqueuer:
         return Fingerprint(
             digest=digest, enqueue_number=self.enqueue_number, row=prompt.row, file=prompt.file
         )
-
-    def _stored_fingerprints(self, prompt_ids: list[str]) -> dict[str, Fingerprint]:
-        if not prompt_ids:
-            return {}
-        with self.client.pipeline(transaction=False) as pipe:
-            for prompt_id in prompt_ids:
-                pipe.hget(self.keys.fingerprints(fingerprint_bucket(prompt_id)), prompt_id)
-            raws = pipe.execute()
-        found = {pid: Fingerprint.decode(raw) for pid, raw in zip(prompt_ids, raws, strict=True)}
-        return {pid: fingerprint for pid, fingerprint in found.items() if fingerprint is not None}
-
-    def _remember_fingerprints(self, fingerprints: dict[str, str]) -> None:
-        """Before the claim: every claimed explicit id has its fingerprint (a crash between leaves only
-        fingerprints of unclaimed ids, overwritten when they are claimed)."""
-        buckets: dict[int, dict[str, str]] = {}
-        for prompt_id, encoded in fingerprints.items():
-            buckets.setdefault(fingerprint_bucket(prompt_id), {})[prompt_id] = encoded
-        if not buckets:
-            return
-        keys: list[str] = []
-        args: list[str | int] = []
-        for bucket, mapping in buckets.items():
-            keys.append(self.keys.fingerprints(bucket))
-            args.append(len(mapping))
-            for prompt_id, encoded in mapping.items():
-                args += [prompt_id, encoded]
-        self._scripts.remember_fingerprints(keys=keys, args=args)
 
     def _conflict(self, prompt: Prompt, earlier: Fingerprint) -> RejectedRow:
         if earlier.enqueue_number == self.enqueue_number:

@@ -1,19 +1,17 @@
 """Which content an explicit id was enqueued with, and by which enqueue: how a conflict is told from a
 duplicate, and named.
 
-Redis keeps them for `enqueue` (the run's `fingerprints:<bucket>` hashes and its `enqueues` list of
-notes); the output keeps them too, in the object of each chunk's ids (`enqueued/<key>.json`), so that
-`recover` rebuilds them after Redis is lost.
+Redis keeps them for `enqueue` (as the holders of explicit ids in the run's id buckets, RunKeys.ids,
+and its `enqueues` list of notes); the output keeps them too, in the object of each chunk's ids
+(`enqueued/<key>.json`), so that `recover` rebuilds them after Redis is lost.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from inference.records import Prompt, row_place
 from intake.prompt_ids import HASHED_ID_PREFIX, hashed_id
-from workers.state.keys import FINGERPRINT_BUCKETS
 
 FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart
 FINGERPRINT_SEPARATOR = "|"
@@ -42,11 +40,6 @@ class Fingerprint:
 
     def place(self) -> str:
         return row_place(self.row, self.file)
-
-
-def fingerprint_bucket(prompt_id: str) -> int:
-    """Which of the run's fingerprint hashes holds this id (stable across processes and versions)."""
-    return zlib.crc32(prompt_id.encode()) % FINGERPRINT_BUCKETS
 
 
 def content_digest(prompt: Prompt) -> str | None:

@@ -2,7 +2,7 @@
 
 The object store holds the run's settings (`run.json`, written at every enqueue), its manifest (parts
 of completions and dead letters), the ids each enqueue claimed and the rows it rejected. From them this
-restores the pinned settings, the `done` and `enqueued` sets, the fingerprints of explicit ids with
+restores the pinned settings, the `done` set, the run's ids (with the fingerprints of explicit ids) and
 the enqueues' notes, the dead letters, the rejected rows, the Redis copy of the manifest and the next
 part number. Re-running `enqueue` with the same data then
 queues only what was never committed; a generate worker skips any prompt already in `done`.
@@ -11,6 +11,7 @@ queues only what was never committed; a generate worker skips any prompt already
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import msgspec
 import redis
@@ -18,17 +19,18 @@ import redis
 from inference.records import DeadLetter
 from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
-from producer.fingerprints import Fingerprint, fingerprint_bucket
+from producer.fingerprints import Fingerprint
 from workers.errors import ObjectMissing
 from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry
 from workers.record.object_store import ObjectStore
 from workers.record.reading import read_committed, read_enqueued_chunks, read_rejections
-from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.keys import ID_BUCKETS, RUNS_KEY, RunKeys, id_bucket
 from workers.state.ledger import RunLedger
 from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 IDS_PER_COMMAND = 10_000
+LEGACY_HOLDER = b"0"  # an id whose enqueue is not known
 
 
 @dataclass
@@ -95,36 +97,51 @@ def _restore_records(
 
 
 def _restore_enqueued(client: redis.Redis, keys: RunKeys, store: ObjectStore, report: RecoverReport) -> None:
-    """Every id an enqueue claimed; each explicit id's fingerprint from its latest enqueue, unless Redis
-    holds one (then as recent); the enqueues' notes when Redis holds none. Conflicts are then told and
-    named as before the loss."""
-    ids: set[str] = set()
+    """Every id an enqueue claimed, each with its holder from its latest enqueue (an explicit id's
+    fingerprint, or the enqueue's number), unless Redis holds it (then as recent); the enqueues' notes
+    when Redis holds none. Conflicts are then told and named as before the loss."""
     latest: dict[str, tuple[int, str]] = {}
     notes: dict[int, EnqueueNote] = {}
     for chunk in read_enqueued_chunks(store):  # each object read once
-        ids.update(chunk.ids)
         if chunk.enqueue_number:  # 0: written before the notes were kept
             notes[chunk.enqueue_number] = chunk.note
-        for prompt_id, encoded in chunk.fingerprints.items():
-            if Fingerprint.decode(encoded.encode()) is not None:
-                latest[prompt_id] = max(latest.get(prompt_id, (0, "")), (chunk.enqueue_number, encoded))
-    enqueued = sorted(ids)
-    for start in range(0, len(enqueued), IDS_PER_COMMAND):
-        client.sadd(keys.enqueued, *enqueued[start : start + IDS_PER_COMMAND])
-    report.enqueued = len(enqueued)
-    report.fingerprints = _restore_fingerprints(client, keys, latest)
+        for prompt_id in chunk.ids:
+            encoded = chunk.fingerprints.get(prompt_id, "")
+            known = Fingerprint.decode(encoded.encode()) is not None
+            holder = (chunk.enqueue_number, encoded if known else str(chunk.enqueue_number))
+            latest[prompt_id] = max(latest.get(prompt_id, holder), holder)
+    _hold(RunLedger(client, keys.run), {prompt_id: holder for prompt_id, (_n, holder) in latest.items()})
+    report.enqueued = len(latest)
+    report.fingerprints = sum(1 for _n, holder in latest.values() if not holder.isdigit())
     _restore_notes(client, keys, notes)
 
 
-def _restore_fingerprints(client: redis.Redis, keys: RunKeys, latest: dict[str, tuple[int, str]]) -> int:
-    restored = 0
-    items = sorted(latest.items())
+def _hold(ledger: RunLedger, holders: dict[str, str]) -> None:
+    items = sorted(holders.items())
     for start in range(0, len(items), IDS_PER_COMMAND):
+        ledger.hold_ids(dict(items[start : start + IDS_PER_COMMAND]))
+
+
+def _move_legacy_ids(client: redis.Redis, keys: RunKeys) -> None:
+    """A run enqueued by draftgen 0.1.0 kept its ids in one set and the fingerprints of explicit ids in
+    hashes of the same buckets: both move to the id buckets, and the old keys go."""
+    if not client.exists(keys.legacy_enqueued):
+        return
+    ledger = RunLedger(client, keys.run)
+    members = client.sscan_iter(keys.legacy_enqueued, count=IDS_PER_COMMAND)
+    while ids := [member.decode() for member in islice(members, IDS_PER_COMMAND)]:
         with client.pipeline(transaction=False) as pipe:
-            for prompt_id, (_number, encoded) in items[start : start + IDS_PER_COMMAND]:
-                pipe.hsetnx(keys.fingerprints(fingerprint_bucket(prompt_id)), prompt_id, encoded)
-            restored += sum(pipe.execute())
-    return restored
+            for prompt_id in ids:
+                pipe.hget(f"{keys.legacy_fingerprints_prefix}{id_bucket(prompt_id)}", prompt_id)
+            found = pipe.execute()
+        ledger.hold_ids(
+            {prompt_id: (raw or LEGACY_HOLDER).decode() for prompt_id, raw in zip(ids, found, strict=True)}
+        )
+    with client.pipeline(transaction=False) as pipe:
+        pipe.unlink(keys.legacy_enqueued)
+        for bucket in range(ID_BUCKETS):
+            pipe.unlink(f"{keys.legacy_fingerprints_prefix}{bucket}")
+        pipe.execute()
 
 
 def _restore_notes(client: redis.Redis, keys: RunKeys, notes: dict[int, EnqueueNote]) -> None:
@@ -153,6 +170,8 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
             "Redis pins other settings than the output's run.json:\n  " + "\n  ".join(changed)
         )
     client.sadd(RUNS_KEY, run)
+    _move_legacy_ids(client, keys)
+    _restore_enqueued(client, keys, store, report)  # first: a committed id then keeps its enqueue's holder
     ledger = RunLedger(client, run)
     committed = read_committed(store)
     entries = committed.entries
@@ -161,7 +180,6 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
         report.newly_marked_done += ledger.mark_committed(ids[start : start + IDS_PER_COMMAND])
     report.committed = len(ids)
     report.parts = len(entries)
-    _restore_enqueued(client, keys, store, report)
     _restore_records(client, keys, store, committed.dead, report)
     if entries:
         with client.pipeline(transaction=True) as pipe:

@@ -32,9 +32,15 @@ def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis
 
 
 def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
-    raw = client.get(RunKeys(run).settings)
+    keys = RunKeys(run)
+    raw, legacy = client.get(keys.settings), client.exists(keys.legacy_enqueued)
     if raw is None:
         return None
+    if legacy:
+        raise RunStateBroken(
+            f"run {run!r} was enqueued by draftgen 0.1.0, which kept its ids where this version reads them "
+            f"no more: run `python -m producer recover --run {run} --output URL` once to move them"
+        )
     try:
         return decode_run_settings(raw)
     except msgspec.DecodeError as error:

@@ -2,7 +2,7 @@
 
 Reads only what readers trust: the manifest in the object store and the objects it names (their
 checksums included), compared with the ids `enqueue` recorded in the object store, and, when Redis
-is at hand, with the run's `enqueued` set and dead letters there too.
+is at hand, with the ids the run holds there and its dead letters too.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import redis
 from workers.record.object_store import ObjectStore
 from workers.record.reading import read_committed, read_enqueued_ids
 from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
 
-SCAN_COUNT = 10_000
 EXAMPLES_SHOWN = 5
 
 
@@ -46,10 +46,6 @@ class VerifyReport:
         )
 
 
-def _members(client: redis.Redis, key: str) -> set[str]:
-    return {raw.decode() for raw in client.sscan_iter(key, count=SCAN_COUNT)}
-
-
 def verify_run(
     store: ObjectStore,
     run: str,
@@ -66,7 +62,7 @@ def verify_run(
     report = VerifyReport()
     if client is not None:
         keys = RunKeys(run)
-        enqueued |= _members(client, keys.enqueued)
+        enqueued |= RunLedger(client, run).enqueued_ids()
         dead |= {raw.decode() for raw in client.hkeys(keys.dead)}
         report.awaiting_upload = int(client.zcard(keys.staged_index))
         report.redis_manifest_entries = int(client.llen(keys.manifest))

@@ -76,7 +76,7 @@ def gather_status(
     keys = RunKeys(run)
     now = redis_now_s(client) if now_s is None else now_s
     with client.pipeline(transaction=False) as pipe:
-        pipe.scard(keys.enqueued)
+        pipe.get(keys.enqueued_count)
         pipe.scard(keys.done)
         pipe.zcard(keys.staged_index)
         pipe.hlen(keys.dead)
@@ -95,7 +95,7 @@ def gather_status(
     manifest, window_raw, oldest_raw, recent_raw, dead_pending, open_batches = replies[8:]
     counters = parse_counters(stats_raw)
     progress = make_progress(
-        enqueued=enqueued,
+        enqueued=int(enqueued or 0),
         committed=committed,
         staged=staged,
         dead=dead,

@@ -223,7 +223,7 @@ class Explorer:
         fleet = self.fleet
         if any(not e.process.dead and self._running(e.process, "enqueue") for e in fleet.enqueues):
             return
-        held = {raw.decode() for raw in fleet.admin.smembers(RunKeys(RUN).enqueued)}
+        held = RunLedger(fleet.admin, RUN).enqueued_ids()
         if {p.id for p in fleet.prompts} <= held and read_enqueued_ids(fleet.store) <= held:
             return
         self.result.log.append("enqueue again: Redis lacks prompts of the input")

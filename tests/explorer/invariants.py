@@ -121,7 +121,7 @@ class Invariants:
     def _status(self) -> list[str]:
         if not self._status_finished():
             return []
-        enqueued = {raw.decode() for raw in self._fleet.admin.smembers(self._keys.enqueued)}
+        enqueued = RunLedger(self._fleet.admin, RUN).enqueued_ids()
         record = read_committed(self._fleet.store)
         missing = sorted(enqueued - set(record.completed) - set(record.dead))
         return [f"status says finished, and the output lacks {missing}"] if missing else []

@@ -15,8 +15,9 @@ from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from intake.reading import iter_prompts
 from producer.enqueue import Enqueuer, pin_settings
-from producer.errors import EnqueueBusy, SettingsError
+from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
 from producer.recover import recover_run, write_run_settings
+from producer.run_access import pinned_settings
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore
 from workers.record.reading import read_enqueued_ids
@@ -289,3 +290,37 @@ def test_after_recover_an_uncommitted_prompt_is_queued_again_as_it_reads_now_and
     # Then both are queued again (the first texts went with Redis), the edited one counted, none refused
     assert (report.requeued_orphans, report.requeued_changed, report.conflict_count) == (2, 1, 0)
     assert sorted(prompts_in_batches(redis_client, publisher.published)) == ["q0", "q1"]
+
+
+def test_a_run_enqueued_by_draftgen_0_1_0_is_refused_until_recover_moves_its_ids_and_fingerprints(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a run enqueued by 0.1.0, which kept its ids in one set and explicit ids' fingerprints beside it
+    store, pinned = run_with_output(redis_client, tmp_path)
+    first = write_jsonl(tmp_path / "first.jsonl", rows(3))
+    Enqueuer(redis_client, pinned, RecordingPublisher(), source=first, store=store).enqueue(
+        iter_prompts(first)
+    )
+    keys, ledger = RunKeys(RUN), RunLedger(redis_client, RUN)
+    for prompt_id in ("q0", "q1", "q2"):
+        holder = redis_client.hget(keys.ids(prompt_id), prompt_id)
+        redis_client.sadd(keys.legacy_enqueued, prompt_id)
+        redis_client.hset(
+            keys.ids(prompt_id).replace(keys.ids_prefix, keys.legacy_fingerprints_prefix), prompt_id, holder
+        )
+        redis_client.delete(keys.ids(prompt_id))
+    redis_client.delete(keys.enqueued_count)
+    # When a command reads the run, then it is refused with what to run
+    with pytest.raises(RunStateBroken, match=rf"recover --run {RUN} --output URL"):
+        pinned_settings(redis_client, RUN)
+    # And when recover has run, the ids and their fingerprints are where this version reads them
+    recover_run(redis_client, store, RUN)
+    assert pinned_settings(redis_client, RUN) == pinned
+    assert (ledger.enqueued_ids(), ledger.counts().enqueued) == ({"q0", "q1", "q2"}, 3)
+    assert not redis_client.exists(keys.legacy_enqueued)
+    assert not list(redis_client.scan_iter(match=f"{keys.legacy_fingerprints_prefix}*"))
+    changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}, *rows(2)])
+    report = Enqueuer(redis_client, pinned, RecordingPublisher(), source=changed, store=store).enqueue(
+        iter_prompts(changed)
+    )
+    assert (report.new, report.already_there, report.conflict_count) == (0, 2, 1)

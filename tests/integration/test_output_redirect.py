@@ -21,6 +21,7 @@ from workers.state.runs import RunSettings, encode_run_settings, load_run_settin
 
 pytestmark = pytest.mark.integration
 RUN = "pinned"
+FIRST_ENQUEUE = "1"  # the holder of an id the run's first enqueue claimed (RunKeys.ids)
 PROMPTS = ["a", "b", "c"]
 
 
@@ -39,7 +40,7 @@ def enqueued_run(client: redis.Redis, output: Path) -> tuple[RunLedger, RunSetti
     ledger = RunLedger(client, RUN)
     client.set(ledger.keys.settings, encode_run_settings(settings))
     write_run_settings(open_store(settings.output_url), settings)
-    client.sadd(ledger.keys.enqueued, *PROMPTS)
+    ledger.hold_ids(dict.fromkeys(PROMPTS, FIRST_ENQUEUE))
     for prompt_id in PROMPTS:
         ledger.stage(completion(prompt_id))
     return ledger, settings

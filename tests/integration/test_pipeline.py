@@ -262,7 +262,8 @@ def test_the_output_alone_proves_a_run_complete_and_rebuilds_its_dead_letters_an
     stack.wait_finished(run)
     client = redis.Redis.from_url(stack.redis_url)
     keys = RunKeys(run)
-    before = (client.smembers(keys.enqueued), client.hgetall(keys.dead), client.hgetall(keys.rejected))
+    ledger = RunLedger(client, run)
+    before = (ledger.enqueued_ids(), client.hgetall(keys.dead), client.hgetall(keys.rejected))
     # When Redis is out of reach, verify proves it from the output alone
     nowhere = f"redis://127.0.0.1:{free_port()}/0"
     alone = stack.producer("verify", "--run", run, "--output", str(output), DRAFTGEN_REDIS_URL=nowhere)
@@ -273,7 +274,7 @@ def test_the_output_alone_proves_a_run_complete_and_rebuilds_its_dead_letters_an
     client.delete(*client.keys(f"draftgen:{run}:*"))
     recovered = stack.producer("recover", "--run", run, "--output", str(output))
     assert recovered.returncode == 0, recovered.stderr
-    after = (client.smembers(keys.enqueued), client.hgetall(keys.dead), client.hgetall(keys.rejected))
+    after = (ledger.enqueued_ids(), client.hgetall(keys.dead), client.hgetall(keys.rejected))
     assert after == before
 
 

@@ -26,6 +26,7 @@ from workers.state.runs import RunSettings, encode_run_settings, load_run_settin
 
 pytestmark = pytest.mark.integration
 RUN = "upload-test"
+FIRST_ENQUEUE = "1"  # the holder of an id the run's first enqueue claimed (RunKeys.ids)
 
 
 def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> RunLedger:
@@ -34,7 +35,7 @@ def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> Ru
     settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output_url)
     client.set(ledger.keys.settings, encode_run_settings(settings))
     write_run_settings(open_store(output_url), settings)
-    client.sadd(ledger.keys.enqueued, *prompt_ids)
+    ledger.hold_ids(dict.fromkeys(prompt_ids, FIRST_ENQUEUE))
     return ledger
 
 

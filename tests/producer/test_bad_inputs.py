@@ -53,6 +53,7 @@ from tests.support.bad_inputs import (
     write_inputs,
 )
 from workers.state.keys import RunKeys
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 
@@ -663,7 +664,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
         writer.flush()
         wait_until(
             lambda: (
-                world.client.scard(keys.enqueued) == WHOLE_CHUNKS
+                RunLedger(world.client, keys.run).counts().enqueued == WHOLE_CHUNKS
                 and world.client.scard(keys.unpublished) == 0
             ),
             timeout_s=WAIT_S,
@@ -680,7 +681,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
         f"new                 {WHOLE_CHUNKS} prompts in {WHOLE_CHUNKS // FIFO_BATCH_SIZE} batches" in stdout
     )
     assert "interrupted" in stderr and "run the same command again to add the rest" in stderr
-    assert world.client.scard(keys.enqueued) == WHOLE_CHUNKS
+    assert RunLedger(world.client, keys.run).counts().enqueued == WHOLE_CHUNKS
     assert world.client.scard(keys.unpublished) == 0
     assert world.client.zcard(keys.open_batches) == WHOLE_CHUNKS // FIFO_BATCH_SIZE
     assert world.client.exists(keys.enqueue_lock) == 0  # the next enqueue need not wait
@@ -688,5 +689,5 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
     (world.tmp / "all.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(ALL_ROWS)))
     again = main(["--redis-url", world.redis_url, "enqueue", str(world.tmp / "all.jsonl"), "--run", RUN])
     assert again == EXIT_OK
-    assert world.client.scard(keys.enqueued) == ALL_ROWS
+    assert RunLedger(world.client, keys.run).counts().enqueued == ALL_ROWS
     assert world.client.zcard(keys.open_batches) == ALL_ROWS // FIFO_BATCH_SIZE

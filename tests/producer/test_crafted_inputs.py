@@ -22,6 +22,7 @@ from intake.errors import SourceError
 from intake.input_files import open_rows
 from tests.support.crafted_inputs import BUILDERS, MIB, zstd
 from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +112,7 @@ def test_a_crafted_file_is_read_within_bounds_and_refused_or_rejected_by_row(
         assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
     client = redis.Redis.from_url(redis_url)
     keys = RunKeys(RUN)
-    assert {member.decode() for member in client.smembers(keys.enqueued)} == case.enqueued
+    assert RunLedger(client, keys.run).enqueued_ids() == case.enqueued
     assert bool(client.exists(keys.settings)) == case.pinned
     assert client.sismember(RUNS_KEY, RUN) == case.pinned
     assert (tmp_path / "out").exists() == case.pinned

@@ -153,7 +153,7 @@ def enqueue_for_setup(world: World, data: str, run: str = PINNED, *options: str)
 def snapshot(world: World, run: str = PINNED) -> None:
     keys = RunKeys(run)
     world.before["settings"] = world.client.get(keys.settings)
-    world.before["enqueued"] = world.client.smembers(keys.enqueued)
+    world.before["enqueued"] = RunLedger(world.client, keys.run).enqueued_ids()
     world.before["rejected"] = world.client.hgetall(keys.rejected)
     world.before["run.json"] = (world.tmp / "pinned-out" / "run.json").read_bytes()
 
@@ -216,7 +216,7 @@ def nothing_pinned(run: str = RUN) -> Check:
         keys = RunKeys(run)
         assert world.client.exists(keys.settings) == 0, f"run {run!r} was pinned"
         assert not world.client.sismember(RUNS_KEY, run)
-        assert world.client.scard(keys.enqueued) == 0
+        assert RunLedger(world.client, keys.run).counts().enqueued == 0
         assert not (world.tmp / "out").exists(), "the output folder was written"
 
     return check
@@ -226,7 +226,7 @@ def pinned_unchanged(world: World) -> None:
     """The run pinned by the setup is exactly as it was: settings, ids, rejected rows, run.json."""
     keys = RunKeys(PINNED)
     assert world.client.get(keys.settings) == world.before["settings"]
-    assert world.client.smembers(keys.enqueued) == world.before["enqueued"]
+    assert RunLedger(world.client, keys.run).enqueued_ids() == world.before["enqueued"]
     assert world.client.hgetall(keys.rejected) == world.before["rejected"]
     assert (world.tmp / "pinned-out" / "run.json").read_bytes() == world.before["run.json"]
 
@@ -240,7 +240,7 @@ def enqueued(ids: set[str], *, rejected: int = 0, run: str = RUN) -> Check:
 
     def check(world: World) -> None:
         keys = RunKeys(run)
-        assert {raw.decode() for raw in world.client.smembers(keys.enqueued)} == ids
+        assert RunLedger(world.client, keys.run).enqueued_ids() == ids
         assert world.client.hlen(keys.rejected) == rejected
 
     return check

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from workers.errors import InvalidRunName
@@ -19,11 +20,9 @@ EXIT_NOTES_KEY_PREFIX = (
 )
 SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
 RUN_NAME_MAX_CHARS = 128
-# Buckets of a run's fingerprints (RunKeys.fingerprints). Up to ~6M explicit ids, each bucket holds
-# fewer than Redis's default hash-max-listpack-entries (128) and stays a compact listpack. Measured
-# (benchmarks/bench_enqueue.py, short prompts): 1M ids cost 191 bytes a prompt in Redis, against 232
-# with one big hash and ~139 with no fingerprints; 100k ids cost 234 against 222 with one hash.
-FINGERPRINT_BUCKETS = 1 << 16
+# Buckets of a run's ids (RunKeys.ids). Small hashes stay compact listpacks: deploy/redis.conf lets one
+# hold 512 fields of up to 128 bytes, so up to ~30M ids a run cost their id and holder and little more.
+ID_BUCKETS = 1 << 16
 RUN_NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{RUN_NAME_MAX_CHARS - 1}}}")
 
 
@@ -42,6 +41,11 @@ def check_run_name(run: str) -> str:
             f"run name {run!r} must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
         )
     return run
+
+
+def id_bucket(prompt_id: str) -> int:
+    """Which of a run's id buckets holds this id (stable across processes and versions)."""
+    return zlib.crc32(prompt_id.encode()) % ID_BUCKETS
 
 
 def worker_heartbeat_key(worker: str) -> str:
@@ -87,10 +91,37 @@ class RunKeys:
         """The run's pinned generation settings (JSON)."""
         return self._key("settings")
 
+    def ids(self, prompt_id: str) -> str:
+        """The one of ID_BUCKETS hashes that holds this id once the run has accepted it: id -> its holder,
+        the enqueue that claimed it (a number, for a hashed id) or, for an explicit id, its fingerprint
+        "content digest|enqueue number|row[|file]" (producer/fingerprints.py), which tells a re-used id
+        with other content (a conflict) from a duplicate; "0" when only a commit is known of it."""
+        return self.ids_bucket(id_bucket(prompt_id))
+
+    def ids_bucket(self, bucket: int) -> str:
+        """One of the run's ID_BUCKETS id hashes (see `ids`)."""
+        return f"{self.ids_prefix}{bucket}"
+
     @property
-    def enqueued(self) -> str:
-        """Set of every prompt id ever accepted into the run."""
+    def ids_prefix(self) -> str:
+        """What every id bucket of the run starts with."""
+        return self._key("ids:")
+
+    @property
+    def enqueued_count(self) -> str:
+        """How many ids the run has accepted: the fields of all its id buckets, kept by the scripts that
+        add them."""
+        return self._key("enqueued_count")
+
+    @property
+    def legacy_enqueued(self) -> str:
+        """Where draftgen 0.1.0 kept the run's ids (a set, with `fingerprints:<bucket>` hashes beside
+        it): `recover` moves such a run to the id buckets."""
         return self._key("enqueued")
+
+    @property
+    def legacy_fingerprints_prefix(self) -> str:
+        return self._key("fingerprints:")
 
     def batch(self, batch_id: str) -> str:
         """A batch's prompts (compressed), written before its message is published."""
@@ -212,22 +243,8 @@ class RunKeys:
         """Held by the one `enqueue` of the run at work (a lease, renewed per chunk)."""
         return self._key("enqueue_lock")
 
-    def fingerprints(self, bucket: int) -> str:
-        """One of FINGERPRINT_BUCKETS hashes prompt id -> "content digest|enqueue number|row", for prompts
-        with their own (explicit) id: tells a re-used id with other content (a conflict) from a duplicate.
-        Hashed ids need none. Small hashes stay listpacks: about a third of one big hash's memory."""
-        return f"{self.fingerprints_prefix}{bucket}"
-
-    @property
-    def fingerprints_prefix(self) -> str:
-        """What every fingerprint hash of the run starts with (to SCAN for them)."""
-        return self._key("fingerprints:")
-
     @property
     def enqueues(self) -> str:
         """List of notes (JSON: source, at), one per `enqueue` of the run; enqueue N is item N-1."""
         return self._key("enqueues")
 
-    def enqueue_session(self, session_id: str) -> str:
-        """Ids added by one enqueue invocation: tells duplicates in the input from ids already there."""
-        return self._key(f"enqueue_session:{session_id}")

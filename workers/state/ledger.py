@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 import msgspec
 import redis
@@ -31,6 +32,8 @@ from workers.state.stats_fields import (
     quality_field,
 )
 
+BUCKETS_PER_READ = 1024
+SCAN_COUNT = 10_000
 EVENTS_KEPT = 200_000  # completion events kept per run for recent rates (about an hour at 50/s)
 
 
@@ -186,8 +189,34 @@ class RunLedger:
 
     def mark_committed(self, prompt_ids: list[str]) -> int:
         """Record prompts the object store shows committed (recovery); returns how many were not done."""
-        keys = [*self._committed_keys(), self.keys.enqueued, self.keys.turns]
+        keys = [
+            *self._committed_keys(),
+            self.keys.turns,
+            self.keys.enqueued_count,
+            *(self.keys.ids(prompt_id) for prompt_id in prompt_ids),
+        ]
         return int(self._scripts.mark_committed(keys=keys, args=[msgspec.json.encode(prompt_ids)]))
+
+    def hold_ids(self, holders: dict[str, str]) -> int:
+        """Ids the run accepted, each with its holder (RunKeys.ids), unless it holds them already;
+        returns how many joined."""
+        if not holders:
+            return 0
+        keys = [self.keys.enqueued_count, *(self.keys.ids(prompt_id) for prompt_id in holders)]
+        args = [msgspec.json.encode(list(holders)), msgspec.json.encode(list(holders.values()))]
+        return int(self._scripts.hold_ids(keys=keys, args=args))
+
+    def enqueued_ids(self) -> set[str]:
+        """Every id the run has accepted (reads all its buckets: for verify and checks, not a loop)."""
+        found: set[str] = set()
+        buckets = self.client.scan_iter(match=f"{self.keys.ids_prefix}*", count=SCAN_COUNT)
+        while keys := list(islice(buckets, BUCKETS_PER_READ)):
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hkeys(key)
+                for fields in pipe.execute():
+                    found.update(field.decode() for field in fields)
+        return found
 
     def _committed_keys(self) -> list[str]:
         """Where a committed prompt is marked and what it leaves (the scripts' shared KEYS[1..6])."""
@@ -202,13 +231,15 @@ class RunLedger:
 
     def counts(self) -> RunCounts:
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.scard(self.keys.enqueued)
+            pipe.get(self.keys.enqueued_count)
             pipe.zcard(self.keys.staged_index)
             pipe.scard(self.keys.done)
             pipe.hlen(self.keys.dead)
             pipe.zcard(self.keys.dead_pending)
             enqueued, staged, done, dead, dead_pending = pipe.execute()
-        return RunCounts(enqueued=enqueued, staged=staged, done=done, dead=dead, dead_pending=dead_pending)
+        return RunCounts(
+            enqueued=int(enqueued or 0), staged=staged, done=done, dead=dead, dead_pending=dead_pending
+        )
 
     def dead_letters(self) -> list[DeadLetter]:
         return [msgspec.json.decode(raw, type=DeadLetter) for raw in self.client.hvals(self.keys.dead)]

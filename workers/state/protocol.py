@@ -18,26 +18,42 @@ from redis.commands.core import Script
 
 # --------------------------------------------------------------------------- enqueue
 
-# KEYS: enqueued, this enqueue's session set, done, staged, dead. ARGV[1]: the chunk's ids as one JSON
-# array (a thousand separate arguments cost more than the rest of enqueue together); ARGV[2]: '1' when
-# ids the run holds but nothing carries (no batch is open: Redis was rebuilt by `recover`) are to be
-# batched again. Returns one letter per id: new, already there, duplicate in the input, or orphaned.
+# KEYS: done, staged, dead, then each id's bucket (RunKeys.ids), in the order of the ids. ARGV[1]: the
+# chunk's ids as one JSON array (a thousand separate arguments cost more than the rest of enqueue
+# together); ARGV[2]: '1' when ids the run holds but nothing carries (no batch is open: Redis was rebuilt
+# by `recover`) are to be batched again; ARGV[3]: this enqueue's number. Returns one letter per id (new,
+# already there, duplicate in the input: claimed by this same enqueue, or orphaned), then the holder of
+# each id that is not new, in order.
 NEW = "n"
 ALREADY_THERE = "a"
 DUPLICATE_IN_INPUT = "d"
 ORPHANED = "o"
-CLASSIFY = """
-local out = {}
-for i, id in ipairs(cjson.decode(ARGV[1])) do
-  if redis.call('SISMEMBER', KEYS[2], id) == 1 then out[i] = 'd'
-  elseif redis.call('SISMEMBER', KEYS[1], id) == 0 then out[i] = 'n'
-  elseif ARGV[2] == '1' and redis.call('SISMEMBER', KEYS[3], id) == 0
-      and redis.call('HEXISTS', KEYS[4], id) == 0 and redis.call('HEXISTS', KEYS[5], id) == 0 then
-    out[i] = 'o'
-  else out[i] = 'a' end
+_HOLDER_HELPERS = """
+-- the enqueue that claimed an id: its holder is that number, or a fingerprint 'digest|number|row[|file]'
+local function claimed_by(holder)
+  return string.match(holder, '^(%d+)$') or string.match(holder, '^[^|]*|(%d+)|')
 end
-return table.concat(out)
 """
+CLASSIFY = (
+    _HOLDER_HELPERS
+    + """
+local out, held = {}, {}
+for i, id in ipairs(cjson.decode(ARGV[1])) do
+  local holder = redis.call('HGET', KEYS[3 + i], id)
+  if not holder then out[i] = 'n'
+  else
+    table.insert(held, holder)
+    if claimed_by(holder) == ARGV[3] then out[i] = 'd'
+    elseif ARGV[2] == '1' and redis.call('SISMEMBER', KEYS[1], id) == 0
+        and redis.call('HEXISTS', KEYS[2], id) == 0 and redis.call('HEXISTS', KEYS[3], id) == 0 then
+      out[i] = 'o'
+    else out[i] = 'a' end
+  end
+end
+table.insert(held, 1, table.concat(out))
+return held
+"""
+)
 
 # Shared prologue: Redis's own clock in seconds, to the microsecond (the hosts' clocks may disagree).
 _REDIS_CLOCK = """
@@ -47,31 +63,33 @@ local function redis_now()
 end
 """
 
-# The new ids join the run with the batches that carry them, their outbox entries and their place
-# among the run's open batches (scored by the Redis time they were dispatched). Only while this
-# enqueue still holds the run's enqueue lock (renewed here): an enqueue that stalled past its lock
-# may have been overtaken by another that claimed the same ids, so it claims nothing.
-# KEYS: enqueued, session, unpublished, open_batches, enqueue_lock, then one batch key per batch.
-# ARGV: ids (JSON), session TTL s, lock token, lock lease ms, then per batch: its blob and its id.
-# Returns 1, or the error LOCK_LOST.
+# The new ids join the run (each in its bucket, with its holder: the enqueue's number, or its
+# fingerprint) with the batches that carry them, their outbox entries and their place among the run's
+# open batches (scored by the Redis time they were dispatched). Only while this enqueue still holds the
+# run's enqueue lock (renewed here): an enqueue that stalled past its lock may have been overtaken by
+# another that claimed the same ids, so it claims nothing.
+# KEYS: enqueued_count, unpublished, open_batches, enqueue_lock, then each id's bucket, then one batch key
+# per batch. ARGV: lock token, lock lease ms, the ids (JSON), their holders (JSON, in the same order),
+# then per batch: its blob and its id. Returns the number of ids the run did not hold yet, or the error
+# LOCK_LOST.
 LOCK_LOST = "LOCK_LOST"
 CLAIM = (
     _REDIS_CLOCK
     + """
-if redis.call('GET', KEYS[5]) ~= ARGV[3] then return redis.error_reply('LOCK_LOST') end
-redis.call('PEXPIRE', KEYS[5], ARGV[4])
-for _, id in ipairs(cjson.decode(ARGV[1])) do
-  redis.call('SADD', KEYS[1], id)
-  redis.call('SADD', KEYS[2], id)
-end
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+redis.call('PEXPIRE', KEYS[4], ARGV[2])
+local ids, holders = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
+local added = 0
+for i, id in ipairs(ids) do added = added + redis.call('HSET', KEYS[4 + i], id, holders[i]) end
+if added > 0 then redis.call('INCRBY', KEYS[1], added) end
+local first_batch_key = 5 + #ids
 local now = redis_now()
 for i = 5, #ARGV, 2 do
-  redis.call('SET', KEYS[6 + (i - 5) / 2], ARGV[i])
-  redis.call('SADD', KEYS[3], ARGV[i + 1])
-  redis.call('ZADD', KEYS[4], now, ARGV[i + 1])
+  redis.call('SET', KEYS[first_batch_key + (i - 5) / 2], ARGV[i])
+  redis.call('SADD', KEYS[2], ARGV[i + 1])
+  redis.call('ZADD', KEYS[3], now, ARGV[i + 1])
 end
-return 1
+return added
 """
 )
 
@@ -206,37 +224,31 @@ return newly
 )
 
 # Recovery: prompts found committed in the object store (ids as one JSON argument) are marked done,
-# and enqueued, whatever Redis remembered. KEYS: done, staged, staged_index, staged_bytes, dead,
-# dead_pending, enqueued, turns.
+# and held by the run (holder "0" when Redis knew nothing of them), whatever Redis remembered.
+# KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, turns, enqueued_count, then each
+# id's bucket, in the order of the ids.
 MARK_COMMITTED = (
     _MARK_COMMITTED_HELPERS
     + """
-local newly = 0
-for _, id in ipairs(cjson.decode(ARGV[1])) do
-  newly = newly + mark_done(id, KEYS[8])
-  redis.call('SADD', KEYS[7], id)
+local newly, added = 0, 0
+for i, id in ipairs(cjson.decode(ARGV[1])) do
+  newly = newly + mark_done(id, KEYS[7])
+  added = added + redis.call('HSETNX', KEYS[8 + i], id, '0')
 end
+if added > 0 then redis.call('INCRBY', KEYS[8], added) end
 return newly
 """
 )
 
-# An enqueue's fingerprints of explicit ids (producer/fingerprints.py), one call a chunk instead of an
-# HSET a bucket. KEYS: the buckets; ARGV: for each bucket in order, its count n, then n (id, fingerprint).
-REMEMBER_FINGERPRINTS = """
-local at = 1
-for i = 1, #KEYS do
-  local n = tonumber(ARGV[at])
-  for first = 0, n - 1, 256 do
-    local fields = {}
-    for j = first, math.min(first + 255, n - 1) do
-      table.insert(fields, ARGV[at + 1 + 2 * j])
-      table.insert(fields, ARGV[at + 2 + 2 * j])
-    end
-    redis.call('HSET', KEYS[i], unpack(fields))
-  end
-  at = at + 1 + 2 * n
-end
-return #KEYS
+# Ids an enqueue claimed, as its output records them (recovery): each joins the run with its holder
+# unless the run holds it already (then as recent). KEYS: enqueued_count, then each id's bucket.
+# ARGV: the ids (JSON), their holders (JSON, in the same order). Returns how many joined.
+HOLD_IDS = """
+local ids, holders = cjson.decode(ARGV[1]), cjson.decode(ARGV[2])
+local added = 0
+for i, id in ipairs(ids) do added = added + redis.call('HSETNX', KEYS[1 + i], id, holders[i]) end
+if added > 0 then redis.call('INCRBY', KEYS[1], added) end
+return added
 """
 
 # The flush lock's lease, renewed per part and released by its holder only. KEYS: the lock.
@@ -432,7 +444,7 @@ class Scripts:
 
     classify: Script
     claim: Script
-    remember_fingerprints: Script
+    hold_ids: Script
     stage: Script
     dead_letter: Script
     strike: Script
@@ -455,7 +467,7 @@ class Scripts:
         return cls(
             classify=client.register_script(CLASSIFY),
             claim=client.register_script(CLAIM),
-            remember_fingerprints=client.register_script(REMEMBER_FINGERPRINTS),
+            hold_ids=client.register_script(HOLD_IDS),
             stage=client.register_script(STAGE),
             dead_letter=client.register_script(DEAD_LETTER),
             strike=client.register_script(STRIKE),
