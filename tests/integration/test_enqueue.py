@@ -14,7 +14,7 @@ import redis
 from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from intake.reading import iter_prompts
-from producer.enqueue import Enqueuer, pin_settings
+from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
 from producer.recover import recover_run, write_run_settings
 from producer.run_access import pinned_settings
@@ -242,6 +242,27 @@ def run_with_output(client: redis.Redis, tmp_path: Path) -> tuple[ObjectStore, R
     return store, pinned
 
 
+def enqueue_into(
+    client: redis.Redis,
+    pinned: RunSettings,
+    store: ObjectStore,
+    data: str,
+    publisher: RecordingPublisher | None = None,
+) -> EnqueueReport:
+    """`enqueue DATA` of a run whose output is `store`."""
+    sending = publisher or RecordingPublisher()
+    return Enqueuer(client, pinned, sending, source=data, store=store).enqueue(iter_prompts(data))
+
+
+def run_enqueued_from_first_rows(
+    client: redis.Redis, tmp_path: Path, count: int
+) -> tuple[ObjectStore, RunSettings]:
+    """A run with an output, its first `count` rows enqueued from first.jsonl."""
+    store, pinned = run_with_output(client, tmp_path)
+    enqueue_into(client, pinned, store, write_jsonl(tmp_path / "first.jsonl", rows(count)))
+    return store, pinned
+
+
 def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_named_as_before(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -250,9 +271,7 @@ def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_nam
     folder = tmp_path / "shards"
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", rows(3))
-    Enqueuer(redis_client, pinned, RecordingPublisher(), source=str(folder), store=store).enqueue(
-        iter_prompts(str(folder))
-    )
+    enqueue_into(redis_client, pinned, store, str(folder))
     ledger = RunLedger(redis_client, RUN)
     for prompt_id in ("q0", "q1", "q2"):
         ledger.stage(completion(prompt_id))
@@ -261,9 +280,7 @@ def test_after_redis_is_lost_and_recovered_a_changed_row_is_still_a_conflict_nam
     # When it is recovered from its output, and a changed row of a committed prompt enqueued
     recovered = recover_run(redis_client, store, RUN)
     changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}, *rows(1, start=3)])
-    report = Enqueuer(redis_client, pinned, RecordingPublisher(), source=changed, store=store).enqueue(
-        iter_prompts(changed)
-    )
+    report = enqueue_into(redis_client, pinned, store, changed)
     # Then the changed row is refused, naming where the kept version came from; the new one is enqueued
     assert recovered.fingerprints == 3
     (conflict,) = report.conflicts
@@ -276,17 +293,13 @@ def test_after_recover_an_uncommitted_prompt_is_queued_again_as_it_reads_now_and
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     # Given a run enqueued into an output, nothing of it committed, then Redis lost and recovered
-    store, pinned = run_with_output(redis_client, tmp_path)
-    first = write_jsonl(tmp_path / "first.jsonl", rows(2))
-    Enqueuer(redis_client, pinned, RecordingPublisher(), source=first, store=store).enqueue(
-        iter_prompts(first)
-    )
+    store, pinned = run_enqueued_from_first_rows(redis_client, tmp_path, 2)
     redis_client.flushall()
     recover_run(redis_client, store, RUN)
     # When the data is enqueued again, one row edited meanwhile
     again = write_jsonl(tmp_path / "again.jsonl", [*rows(1), {"id": "q1", "prompt": "edited"}])
     publisher = RecordingPublisher()
-    report = Enqueuer(redis_client, pinned, publisher, source=again, store=store).enqueue(iter_prompts(again))
+    report = enqueue_into(redis_client, pinned, store, again, publisher)
     # Then both are queued again (the first texts went with Redis), the edited one counted, none refused
     assert (report.requeued_orphans, report.requeued_changed, report.conflict_count) == (2, 1, 0)
     assert sorted(prompts_in_batches(redis_client, publisher.published)) == ["q0", "q1"]
@@ -296,11 +309,7 @@ def test_a_run_enqueued_by_draftgen_0_1_0_is_refused_until_recover_moves_its_ids
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     # Given a run enqueued by 0.1.0, which kept its ids in one set and explicit ids' fingerprints beside it
-    store, pinned = run_with_output(redis_client, tmp_path)
-    first = write_jsonl(tmp_path / "first.jsonl", rows(3))
-    Enqueuer(redis_client, pinned, RecordingPublisher(), source=first, store=store).enqueue(
-        iter_prompts(first)
-    )
+    store, pinned = run_enqueued_from_first_rows(redis_client, tmp_path, 3)
     keys, ledger = RunKeys(RUN), RunLedger(redis_client, RUN)
     for prompt_id in ("q0", "q1", "q2"):
         holder = redis_client.hget(keys.ids(prompt_id), prompt_id)
@@ -320,7 +329,5 @@ def test_a_run_enqueued_by_draftgen_0_1_0_is_refused_until_recover_moves_its_ids
     assert not redis_client.exists(keys.legacy_enqueued)
     assert not list(redis_client.scan_iter(match=f"{keys.legacy_fingerprints_prefix}*"))
     changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}, *rows(2)])
-    report = Enqueuer(redis_client, pinned, RecordingPublisher(), source=changed, store=store).enqueue(
-        iter_prompts(changed)
-    )
+    report = enqueue_into(redis_client, pinned, store, changed)
     assert (report.new, report.already_there, report.conflict_count) == (0, 2, 1)
