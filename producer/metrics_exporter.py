@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from inference.exit_codes import EXIT_OK
-from producer.errors import RunNotFound, SettingsError
+from producer.errors import RunNotFound, RunStateBroken, SettingsError
 from producer.settings import ProducerSettings
 from producer.status.figures import parse_counters
 from producer.status.gather import gather_status, queue_depths
@@ -196,6 +196,9 @@ class DraftgenCollector(Collector):
                     status = gather_status(self._client, run)
                 except RunNotFound:
                     continue  # listed but never pinned, or removed
+                except RunStateBroken as error:  # one unreadable run does not blind the others
+                    log.warning("run %s left out: %s", run, error)
+                    continue
                 counters = parse_counters(self._client.hgetall(RunKeys(run).stats))
                 add_run(families, status, counters)
         except redis.RedisError:

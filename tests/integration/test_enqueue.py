@@ -16,6 +16,7 @@ from inference.records import PromptBatch, SamplingSettings
 from intake.reading import iter_prompts
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
+from producer.metrics_exporter import DraftgenCollector
 from producer.recover import recover_run, write_run_settings
 from producer.run_access import pinned_settings
 from tests.support.records import completion
@@ -331,3 +332,22 @@ def test_a_run_enqueued_by_draftgen_0_1_0_is_refused_until_recover_moves_its_ids
     changed = write_jsonl(tmp_path / "changed.jsonl", [{"id": "q2", "prompt": "edited"}, *rows(2)])
     report = enqueue_into(redis_client, pinned, store, changed)
     assert (report.new, report.already_there, report.conflict_count) == (0, 2, 1)
+
+
+def test_the_metrics_of_other_runs_are_served_while_one_run_awaits_its_move_from_draftgen_0_1_0(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_enqueued_from_first_rows(redis_client, tmp_path, 2)
+    legacy = RunKeys("legacy-run")
+    pin_settings(redis_client, msgspec.structs.replace(settings(), run="legacy-run"))
+    redis_client.sadd(legacy.legacy_enqueued, "q0")
+
+    collector = DraftgenCollector(redis_client, lambda: ["legacy-run", RUN])
+    enqueued = {
+        sample.labels["run"]: sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if sample.name == "draftgen_prompts_enqueued_total"
+    }
+
+    assert enqueued == {RUN: 2}
