@@ -207,20 +207,35 @@ def celery_command(*args: str) -> list[str]:
 
 
 def celery_worker(
-    name: str, queue: str, env: Mapping[str, str], log_dir: Path, *, concurrency: int | None = None
+    name: str,
+    queue: str,
+    env: Mapping[str, str],
+    log_dir: Path,
+    *,
+    concurrency: int | None = None,
+    mingle_and_gossip: bool = False,  # on, as the systemd units run workers; off saves a start-up second
 ) -> ManagedProcess:
-    argv = celery_command(
-        "worker", "-Q", queue, "-n", f"{name}@%h", "--without-mingle", "--without-gossip", "-l", "INFO"
-    )
+    argv = celery_command("worker", "-Q", queue, "-n", f"{name}@%h", "-l", "INFO")
+    if not mingle_and_gossip:
+        argv += ["--without-mingle", "--without-gossip"]
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
     return ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
 
 
 def start_celery_worker(
-    name: str, queue: str, env: Mapping[str, str], log_dir: Path, *, concurrency: int | None = None
+    name: str,
+    queue: str,
+    env: Mapping[str, str],
+    log_dir: Path,
+    *,
+    concurrency: int | None = None,
+    mingle_and_gossip: bool = False,
 ) -> ManagedProcess:
-    process = celery_worker(name, queue, env, log_dir, concurrency=concurrency).start()
+    worker = celery_worker(
+        name, queue, env, log_dir, concurrency=concurrency, mingle_and_gossip=mingle_and_gossip
+    )
+    process = worker.start()
     process.wait_for_log(" ready.")
     return process
 

@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     files.add_argument("--run", required=True)
     files.set_defaults(handler=Deferred("producer.commands", "cmd_files"))
+
+    functions = commands.add_parser(
+        "load-functions",
+        help="load this version's protocol functions into Redis (every enqueue does too): after an "
+        "upgrade, before its workers take work",
+    )
+    functions.set_defaults(handler=Deferred("producer.commands", "cmd_load_functions"))
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(commands)
     return parser

@@ -1,5 +1,6 @@
-"""The commands of `python -m producer` that read a run: verify, recover, files and gc (enqueue's own
-handler is producer/enqueue_command.py; what every command shares is producer/run_access.py).
+"""The commands of `python -m producer` that read a run: verify, recover, files and gc, and
+load-functions (enqueue's own handler is producer/enqueue_command.py; what every command shares is
+producer/run_access.py).
 
 Imported only when one of them runs (see producer/deferred.py); only reading a part imports the Parquet
 readers (workers/record/reading.py), so `files` and `gc` start without pyarrow.
@@ -19,6 +20,7 @@ from producer.verify import describe, verify_run
 from workers.record.manifest import committed_locations
 from workers.record.storage import normalise_output_url, open_store
 from workers.state.keys import check_run_name
+from workers.state.protocol import LIBRARY
 
 
 def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
@@ -77,4 +79,10 @@ def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
             f"kept {len(report.kept_uncommitted)} objects of parts not committed yet "
             "(a flush may still commit them)"
         )
+    return EXIT_OK
+
+
+def cmd_load_functions(args: argparse.Namespace, settings: ProducerSettings) -> int:
+    loaded = LIBRARY.load(connect_redis(args, settings))
+    print(f"{LIBRARY.name}: {'loaded' if loaded else 'already loaded'}")
     return EXIT_OK

@@ -3,7 +3,8 @@
 WorkerError
 ├── RetryLater              transient: the same work will succeed later (server down, lock held)
 │   ├── UploadLockLost      another uploader took over this run's flush; its work covers ours
-│   └── StoreUnavailable    the object store could not be reached or refused a write
+│   ├── StoreUnavailable    the object store could not be reached or refused a write
+│   └── FunctionsMissing    Redis lacks this version's protocol functions, and this user may not load them
 ├── RunBroken               permanent for this message: unknown run, unreadable settings
 ├── ShuttingDown            the worker is stopping: a wait for the server ends early
 ├── SeatHeld                another live process holds this GPU's seat: this one may not start
@@ -18,6 +19,8 @@ Only this module is imported by those who catch them, so catching needs neither 
 """
 
 from __future__ import annotations
+
+FUNCTIONS_MISSING_RETRY_S = 30.0  # work that met missing functions comes back this late
 
 
 class WorkerError(Exception):
@@ -34,6 +37,14 @@ class RetryLater(WorkerError):
 
 class UploadLockLost(RetryLater):
     """The upload lock expired or changed hands while this flush was writing."""
+
+
+class FunctionsMissing(RetryLater):
+    """Redis holds no functions of this version of the protocol, and this process's Redis user may not
+    load them: the message names the command that does."""
+
+    def __init__(self, message: str, *, delay_s: float = FUNCTIONS_MISSING_RETRY_S) -> None:
+        super().__init__(message, delay_s=delay_s)
 
 
 class RunBroken(WorkerError):

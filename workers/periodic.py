@@ -1,6 +1,7 @@
 """A daemon thread that does one thing every interval until stopped: heartbeats, lease renewals,
 reconciliation. A failure is logged and the next turn comes as usual: a Redis blip must not end it.
-Redis being unreachable is one line (no traceback: it is not a bug, and it repeats every turn)."""
+Redis being unreachable, or lacking the protocol's functions, is one line (no traceback: it is not a bug,
+and it repeats every turn)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import threading
 from collections.abc import Callable
 
 import redis
+
+from workers.errors import FunctionsMissing
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class PeriodicThread:
             self._action()
         except (redis.ConnectionError, redis.TimeoutError) as error:
             log.warning("%s failed: Redis: %s; trying again in %.0f s", self._name, error, self._interval_s)
+        except FunctionsMissing as error:
+            log.warning("%s failed: %s; trying again in %.0f s", self._name, error, self._interval_s)
         except Exception:
             log.warning("%s failed; trying again in %.0f s", self._name, self._interval_s, exc_info=True)
 

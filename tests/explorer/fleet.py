@@ -20,7 +20,6 @@ queue (a list of flush requests). The faults are the schedule's: see tests/explo
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import random
 import threading
@@ -52,7 +51,7 @@ from workers.recovery.leases import Lease, LeaseKeeper
 from workers.recovery.reconciler import RECONCILER_LOCK_KEY, Reconciler, ReconcileSettings
 from workers.settings import WorkerSettings
 from workers.state.keys import RunKeys
-from workers.state.protocol import Scripts
+from workers.state.protocol import LIBRARY
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.state.runs import RunSettings
 
@@ -452,11 +451,9 @@ class Fleet:
         self.gone_leases: dict[str, int] = {}  # owner token -> action at which its holder gave it up
         self.snapshots: list[Snapshot] = []
         self._pass_time = self.admin.register_script(_PASS_TIME)
-        scripts = Scripts.register(self.admin)
-        for script in (getattr(scripts, f.name) for f in dataclasses.fields(scripts)):
-            # loaded before any step runs: a first EVALSHA that misses would add calls, and so
-            # turns, to whichever schedule runs first in a fresh redis-server
-            self.admin.script_load(script.script)
+        # loaded before any step runs: a first FCALL that misses would add calls, and so turns, to
+        # whichever schedule runs first in a fresh redis-server
+        LIBRARY.load(self.admin)
         pin_settings(self.admin, self.settings)
         write_run_settings(self.store, self.settings)
 

@@ -1,7 +1,8 @@
 """The fleet's Redis as deploy/multi-node.md configures it: TLS only (rediss://, the server's certificate
 checked against a test CA) and one ACL user per role from deploy/redis-users.acl. The whole pipeline
-runs with each process as its own user, and no user is refused anything it needs; a worker's user is
-refused what it must not do."""
+runs with each process as its own user, and no user is refused anything it needs, nor is a worker's user
+refused any step a worker takes; a worker's user is refused what it must not do: run Lua of its own,
+load functions, mark prompts done, delete or consume the queues, take staged work away, lift a pause."""
 
 from __future__ import annotations
 
@@ -13,17 +14,30 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import redis
 
 from devstack.local_stack import PROJECT_ROOT, celery_command, flower_process, free_port, http_ok, wait_until
+from inference.records import DeadLetter, DeadLetterReason, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
+from producer.enqueue import Enqueuer
 from tests.support import prompt_files
+from tests.support.dispatch import RecordingDispatcher
+from tests.support.records import completion, prompt
 from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
 from tests.support.stack import simulators
-from workers.state.keys import RunKeys
+from workers.generate.quality_gate import check_quality_gate
+from workers.recovery.leases import Acquired, LeaseKeeper, finish_batch
+from workers.recovery.reconciler import Reconciler, ReconcileSettings
+from workers.recovery.seat import Seat
+from workers.state.control import PAUSED_BY_GATE, pause, pause_state
+from workers.state.exit_notes import leave_exit_note
+from workers.state.keys import RunKeys, worker_heartbeat_key
 from workers.state.ledger import RunLedger
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK
+from workers.state.poison import Strike
+from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.state.runs import QualityGate, RunSettings
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +49,10 @@ BROKER_TAB_TIMEOUT_S = 30.0
 VERIFIED = "OK: every prompt committed exactly once or dead-lettered"
 # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal (Redis 7.2 and later log it).
 IGNORED_REFUSALS = frozenset({"client|setinfo"})
+STEPS_RUN = "worker-steps"
+LABEL = "node-a/gpu0"
+LONG_S = 3600.0
+HEARTBEAT_TTL_S = 30
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +109,13 @@ def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refus
     try:
         stack.start()
         flower.start().wait_ready(lambda: http_ok(f"http://127.0.0.1:{flower_port}/healthcheck"))
-        # When the producer's user enqueues a run and it finishes
+        admin = client_of(head, "admin")
+        assert admin.function_list() == []  # the workers started before anything loaded the functions
+        # When the producer's user enqueues a run (loading the functions) and it finishes
         rows: list[object] = [prompt_files.as_messages(row) for row in prompt_files.questions(PROMPTS, "t")]
         data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
         output = stack.enqueue(data, RUN, "--output", str(tmp_path / "out"))
         assert f"new                 {PROMPTS} prompts" in output
-        admin = client_of(head, "admin")
         wait_until(lambda: finished(stack, RUN) or bool(refusals(admin)), timeout_s=FINISH_S, what=RUN)
         # Then no user was refused anything on the way, and every prompt is committed exactly once
         assert refusals(admin) == []
@@ -105,6 +124,11 @@ def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refus
         # And Flower's Broker tab reads the queues over the same TLS (its own Redis client)
         broker_page = broker_tab(flower_port)
         assert "generate" in broker_page and "upload" in broker_page
+        # And stopped as systemd stops them (SIGTERM), they are refused nothing either
+        for process in [*stack.generators, stack.uploader, flower]:
+            if process is not None:
+                process.stop()
+        assert refusals(admin) == []
     finally:
         flower.stop()
         stack.stop()
@@ -167,6 +191,110 @@ def test_a_worker_s_user_cannot_redirect_a_run_s_output_nor_mark_a_prompt_commit
     for key in (keys.settings, keys.manifest, keys.next_part):
         with pytest.raises(redis.exceptions.NoPermissionError):
             worker.set(key, b"{}")
+
+
+def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp_path: Path) -> None:
+    # Given a run of two batches, enqueued by the producer's user
+    producer, worker, admin = (client_of(head, user) for user in ("producer", "worker", "admin"))
+    admin.acl_log_reset()
+    settings = RunSettings(
+        run=STEPS_RUN, sampling=SamplingSettings(), output_url=(tmp_path / "out").as_uri(), batch_size=2
+    )
+    batches: list[str] = []
+    Enqueuer(producer, settings, lambda _run, ids: batches.extend(ids), source="test").enqueue(
+        prompt(f"p{i}") for i in range(4)
+    )
+    producer.sadd("draftgen:runs", STEPS_RUN)
+    # When a worker's user takes its seat, leases, renews, hands over, strikes, dead-letters, keeps turns,
+    # finishes a batch and hands another back, reconciles, pauses the run by its gate, beats and leaves
+    seat = Seat(worker, LABEL, on_lost=lambda reason: None)
+    taken = seat.take()
+    keeper = LeaseKeeper(worker, worker=LABEL, seat=taken.token, ttl_s=LONG_S)
+    (acquired, first), (_, second) = (
+        keeper.acquire(STEPS_RUN, batches[0]),
+        keeper.acquire(STEPS_RUN, batches[1]),
+    )
+    assert acquired is Acquired.ACQUIRED and keeper.renew() == []
+    ledger = RunLedger(worker, STEPS_RUN)
+    assert ledger.keep_turns("p0", [completion("p0").as_turn()])
+    assert ledger.stage(completion("p0"))
+    ledger.strike("p1", Strike(life=f"{LABEL}#1.1", cause="dropped", on_its_own=True))
+    letter = DeadLetter(
+        prompt_id="p1", row=1, reason=DeadLetterReason.REJECTED_BY_SERVER, error="400", attempts=1
+    )
+    assert ledger.dead_letter(letter)
+    assert finish_batch(worker, STEPS_RUN, batches[0], ["p0", "p1"]) == []
+    assert keeper.release(second, delay_s=0.0)
+    reconciler = Reconciler(worker, RecordingDispatcher(), ReconcileSettings(upload_max_age_s=LONG_S))
+    reconciler.reconcile_all()
+    reconciler.take_back_seat(taken, LABEL)
+    eager_gate = QualityGate(min_completions=1, max_empty_answer_rate=0.0)
+    empty = msgspec.structs.replace(completion("p2", content=""), quality=Quality.EMPTY_ANSWER)
+    keeper.acquire(STEPS_RUN, batches[1])
+    assert ledger.stage(empty) and check_quality_gate(worker, STEPS_RUN, eager_gate) is not None
+    worker.set(worker_heartbeat_key(LABEL), b"{}", ex=HEARTBEAT_TTL_S)
+    worker.delete(worker_heartbeat_key(LABEL))
+    leave_exit_note(worker, LABEL, "stopped consuming")
+    seat.release()
+    # Then it was refused nothing
+    assert first.batch_id == batches[0] and pause_state(producer, STEPS_RUN) is not None
+    assert refusals(admin) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("EVAL", "return redis.call('SADD', KEYS[1], 'p0')", "1", RunKeys(RUN).done),
+        ("EVAL", "return 1", "0"),
+        ("SCRIPT", "LOAD", "return 1"),
+        ("FUNCTION", "LOAD", "#!lua name=mine\nredis.register_function('mine', function() return 1 end)"),
+        ("FUNCTION", "DELETE", "draftgen"),
+        ("FUNCTION", "FLUSH"),
+    ],
+    ids=lambda command: " ".join(command[:2]),
+)
+def test_a_worker_s_user_may_run_no_lua_of_its_own(head: RedisHead, command: tuple[str, ...]) -> None:
+    worker = client_of(head, "worker")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.execute_command(*command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("SADD", RunKeys(RUN).done, "p0"),  # a prompt marked committed outside the commit
+        ("DEL", GENERATE_QUEUE),
+        ("DEL", UPLOAD_QUEUE),
+        ("BRPOP", UPLOAD_QUEUE, "1"),  # the uploader's messages taken
+        ("DEL", f"_kombu.binding.{GENERATE_QUEUE}"),  # its routing: what is published goes nowhere
+        ("DEL", RunKeys(RUN).staged),  # completions handed over, lost before their commit
+        ("HDEL", RunKeys(RUN).staged, "p0"),
+        ("PEXPIRE", RunKeys(RUN).staged, "1"),
+        ("SET", RunKeys(RUN).staged, "x"),
+        ("DEL", RunKeys(RUN).dead),
+        ("SET", RunKeys(RUN).paused, "{}"),  # a pause reworded
+        ("DEL", RunKeys(RUN).paused),  # a pause lifted
+        ("PEXPIRE", RunKeys(RUN).paused, "1"),
+    ],
+    ids=" ".join,
+)
+def test_a_worker_s_user_cannot_mark_prompts_done_delete_queues_or_work_nor_lift_a_pause(
+    head: RedisHead, command: tuple[str, ...]
+) -> None:
+    worker = client_of(head, "worker")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        worker.execute_command(*command)
+
+
+def test_a_worker_s_user_may_pause_a_run_but_not_change_its_pause(head: RedisHead) -> None:
+    worker, producer = client_of(head, "worker"), client_of(head, "producer")
+    run = "paused-by-a-gpu-node"
+    assert pause(producer, run, "by hand")
+
+    assert not pause(worker, run, "mostly empty answers", by=PAUSED_BY_GATE)
+
+    state = pause_state(producer, run)
+    assert state is not None and state.reason == "by hand"
 
 
 def test_a_client_that_does_not_check_the_server_s_certificate_against_the_ca_is_refused(

@@ -85,7 +85,8 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
 @dataclass
 class RoleStack(Stack):
     """A Stack whose generate workers and uploader each connect as their own Redis user
-    (`redis_url`, used by the producer commands and the waits, is the producer's)."""
+    (`redis_url`, used by the producer commands and the waits, is the producer's), with mingle and gossip
+    on as under the systemd units."""
 
     worker_url: str = ""
     uploader_url: str = ""
@@ -93,7 +94,8 @@ class RoleStack(Stack):
     def start_generator(self, gpu: int) -> ManagedProcess:
         sim = self.sims[gpu]
         env = self.env(**{ENV_VARIABLE: self.worker_url}, DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu))
-        worker = start_celery_worker(f"gen{gpu}-{len(self.generators)}", "generate", env, self.log_dir)
+        name = f"gen{gpu}-{len(self.generators)}"
+        worker = start_celery_worker(name, "generate", env, self.log_dir, mingle_and_gossip=True)
         self.generators.append(worker)
         return worker
 
@@ -101,5 +103,7 @@ class RoleStack(Stack):
         self.uploads_started += 1
         env = self.env(**{ENV_VARIABLE: self.uploader_url})
         name = f"upload{self.uploads_started}"
-        self.uploader = start_celery_worker(name, "upload", env, self.log_dir, concurrency=1)
+        self.uploader = start_celery_worker(
+            name, "upload", env, self.log_dir, concurrency=1, mingle_and_gossip=True
+        )
         return self.uploader

@@ -22,8 +22,8 @@ class DictRedis:
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
 
-    def set(self, key: str, value: bytes, *, nx: bool = False) -> bool:
-        if nx and key in self.values:
+    def setnx(self, key: str, value: bytes) -> bool:
+        if key in self.values:
             return False
         self.values[key] = value
         return True
@@ -117,7 +117,7 @@ def test_once_confirmed_a_run_is_refused_any_other_output_even_one_that_names_it
 
 def test_a_run_already_paused_keeps_its_first_reason_and_stays_refused(tmp_path: Path) -> None:
     client = DictRedis()
-    client.set(RunKeys(RUN).paused, b'{"reason":"by hand","by":"user","at":1.0}')
+    client.setnx(RunKeys(RUN).paused, b'{"reason":"by hand","by":"user","at":1.0}')
     assert not OutputPin(client).confirm(RUN, folder(tmp_path, "empty"))
     state = pause_state(client, RUN)
     assert state is not None and state.reason == "by hand"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from workers.context import WorkerContext
-from workers.errors import SeatHeld
+from workers.errors import FunctionsMissing, SeatHeld
 from workers.recovery.reconciler import Reconciler
 from workers.state.dispatch import Dispatcher
 
@@ -29,7 +29,11 @@ def seat_generate_worker(context: WorkerContext, dispatcher: Dispatcher) -> None
         log.error("this worker does not start: %s", error)
         raise SystemExit(EXIT_SEAT_HELD) from error
     reconciler = Reconciler(context.redis, dispatcher, context.settings.reconcile_settings())
-    taken_back = reconciler.take_back_seat(taken, context.seat.label)
+    try:
+        taken_back = reconciler.take_back_seat(taken, context.seat.label)
+    except FunctionsMissing as error:  # its predecessor's leases run out as any do
+        log.warning("could not take back the batches of %s's predecessor: %s", context.seat.label, error)
+        taken_back = 0
     log.info(
         "seated on %s%s; %d batches of its predecessor taken back",
         context.seat.label,

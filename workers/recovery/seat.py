@@ -5,7 +5,10 @@ A process holds the label's seat by subscribing to a channel of its own, `draftg
 on a connection kept for its whole life, and by writing its token in `draftgen:seats:<label>`. Redis
 drops a subscription the moment its connection closes, and the kernel closes every socket of a process
 that ends, SIGKILL and OOM kill included. So a seat whose channel has no subscriber belongs to no live
-process, and `TAKE_SEAT` checks that and takes the seat in one atomic step.
+process: taking the seat checks that and writes the token in one transaction that watches the seat (a
+seat taken by another meanwhile makes it look again). Plain commands, not a Redis function, so a worker
+takes its seat before anything has loaded the protocol's functions (a fleet started before its first
+enqueue).
 
 Why that is safe: the only processes whose leases a new seat holder takes back are those that held the
 same label and whose connection Redis has closed: they are gone and send nothing more. A live process
@@ -27,12 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
-from redis.client import PubSub
+from redis.client import Pipeline, PubSub
 
 from workers.errors import SeatHeld
 from workers.periodic import PeriodicThread
 from workers.state.keys import seat_channel, seat_channel_prefix, seat_key
-from workers.state.protocol import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,6 @@ class Seat:
         self.label = label
         self.token = token or uuid.uuid4().hex
         self._on_lost = on_lost
-        self._scripts = Scripts.register(client)
         self._pubsub: PubSub | None = None
         self._lock = threading.Lock()
         self._lost = False
@@ -73,19 +74,30 @@ class Seat:
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         self._pubsub.subscribe(seat_channel(self.label, self.token))
         self._pubsub.get_message(timeout=0)  # reads the subscription's confirmation
-        outcome, holder = self._scripts.take_seat(
-            keys=[seat_key(self.label)], args=[self.token, seat_channel_prefix(self.label)]
-        )
-        if outcome == b"held":
+        taken, holder = self._client.transaction(self._take, seat_key(self.label), value_from_callable=True)
+        if not taken:
             self._close_subscription()
             raise SeatHeld(
-                f"another live worker holds {self.label} (its seat {holder.decode()[:8]}): one generate "
+                f"another live worker holds {self.label} (its seat {holder[:8]}): one generate "
                 "worker per GPU; stop the other one, or give this one another DRAFTGEN_GPU or "
                 "DRAFTGEN_HOSTNAME (two hosts with the same name share labels)"
             )
         self._taken = True
         self._keeper.start()
-        return TakenSeat(self.token, holder.decode())
+        return TakenSeat(self.token, holder)
+
+    def _take(self, pipe: Pipeline) -> tuple[bool, str]:
+        """Under WATCH of the seat: (True, the previous holder or '') once taken, or (False, the live
+        holder's token), a live holder being one whose channel still has a subscriber."""
+        raw = pipe.get(seat_key(self.label))
+        current = raw.decode() if raw is not None else ""
+        if current and current != self.token:
+            [(_channel, subscribers)] = pipe.pubsub_numsub(seat_channel_prefix(self.label) + current)
+            if subscribers > 0:
+                return False, current
+        pipe.multi()
+        pipe.set(seat_key(self.label), self.token)
+        return True, current
 
     def check(self) -> None:
         """Keep the subscription read (a dropped connection is re-made and re-subscribed), and notice
@@ -108,10 +120,17 @@ class Seat:
         if self._taken:
             self._taken = False
             try:
-                self._scripts.release_lock(keys=[seat_key(self.label)], args=[self.token])
+                self._client.transaction(self._give_up, seat_key(self.label))
             except redis.RedisError as error:  # the closed subscription says as much
                 log.warning("could not give up the seat of %s: %s", self.label, error)
         self._close_subscription()
+
+    def _give_up(self, pipe: Pipeline) -> None:
+        """Under WATCH of the seat: delete it if it is still this process's."""
+        raw = pipe.get(seat_key(self.label))
+        if raw is not None and raw.decode() == self.token:
+            pipe.multi()
+            pipe.delete(seat_key(self.label))
 
     def _close_subscription(self) -> None:
         with self._lock:

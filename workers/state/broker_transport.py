@@ -11,15 +11,21 @@ Here the channel remembers the parameters it connected with while the link is th
 pool from them after. The unacked messages go back to their queue if Redis is up again; if it is not,
 the failure is a `redis.exceptions.ConnectionError`, which Celery's reconnect loop absorbs (the messages
 then come back through the visibility timeout, as they would after a kill).
+
+And the channel runs no Lua: what kombu does through scripts is done with plain commands
+(workers/state/broker_without_lua.py), so a consumer's Redis user needs no EVAL.
 """
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import redis.exceptions
 from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
+
+from workers.state.broker_without_lua import RedisWithoutLuaLocks, RefreshBinding, SweepBindings
 
 TRANSPORT_PATH = "workers.state.broker_transport:Transport"
 REDIS_SCHEMES = ("redis", "rediss")
@@ -35,6 +41,18 @@ class Channel(kombu_redis.Channel):
         if asynchronous in remembered:
             return dict(remembered[asynchronous])
         raise redis.exceptions.ConnectionError("the broker connection closed before this channel connected")
+
+    def _get_client(self) -> Any:
+        stock = super()._get_client()  # type: ignore[no-untyped-call]  # also checks redis-py's version
+        return stock if self.global_keyprefix else RedisWithoutLuaLocks
+
+    @cached_property
+    def _refresh_binding(self) -> RefreshBinding:
+        return RefreshBinding(self.conn_or_acquire)
+
+    @cached_property
+    def _sweep_bindings(self) -> SweepBindings:
+        return SweepBindings()
 
     def close(self) -> None:
         super().close()  # type: ignore[no-untyped-call]

@@ -1,4 +1,9 @@
-"""Pausing and resuming a run. A paused run keeps its queue; workers hand its batches back untouched."""
+"""Pausing and resuming a run. A paused run keeps its queue; workers hand its batches back untouched.
+
+A pause is created with SETNX, never overwritten: the workers' Redis user may run SETNX on a run's
+`paused` (their quality gate pauses) and nothing else there, so it can neither lift, shorten nor reword a
+pause (deploy/redis-users.acl). A pause note that does not decode still pauses the run, and says so.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ PAUSED_RETRY_S = 30.0  # a worker handed a paused run's batch sends it back to t
 PAUSED_BY_USER = "user"
 PAUSED_BY_GATE = "quality-gate"
 PAUSED_BY_OUTPUT_PIN = "output-pin"  # the uploader: run.json at the output does not confirm it
+PAUSED_BY_UNKNOWN = "unknown"  # a note that does not decode
+UNREADABLE_NOTE_SHOWN_BYTES = 80
 
 
 class PauseState(Record, frozen=True):
@@ -25,12 +32,19 @@ class PauseState(Record, frozen=True):
 def pause(client: redis.Redis, run: str, reason: str, *, by: str = PAUSED_BY_USER) -> bool:
     """Pause the run; False when it was already paused (the first reason stays)."""
     state = PauseState(reason=reason, by=by, at=time.time())
-    return bool(client.set(RunKeys(run).paused, msgspec.json.encode(state), nx=True))
+    return bool(client.setnx(RunKeys(run).paused, msgspec.json.encode(state)))
 
 
 def pause_state(client: redis.Redis, run: str) -> PauseState | None:
     raw = client.get(RunKeys(run).paused)
-    return msgspec.json.decode(raw, type=PauseState) if raw is not None else None
+    if raw is None:
+        return None
+    try:
+        return msgspec.json.decode(raw, type=PauseState)
+    except msgspec.DecodeError:
+        shown = raw[:UNREADABLE_NOTE_SHOWN_BYTES].decode(errors="replace")
+        reason = f"paused with an unreadable note: {shown!r}"
+        return PauseState(reason=reason, by=PAUSED_BY_UNKNOWN, at=time.time())  # when it was read: no better
 
 
 def resume(client: redis.Redis, run: str) -> PauseState | None:

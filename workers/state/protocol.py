@@ -2,19 +2,22 @@
 
 docs/exactly-once.md tells the protocol as a story (enqueue -> lease -> stage -> commit, and
 reconcile/recover/gc/verify), with the keys each step touches and the test that proves each invariant.
-Every key a script touches arrives through KEYS (never built inside the script), so the scripts are
-cluster-safe; ids and records arrive through ARGV. The Python faces are `workers.state.ledger.RunLedger`
-(stage, dead-letter, commit, recover), `producer.enqueue.Enqueuer` (classify, claim),
-`workers.record.uploader.Uploader` (the flush lock), `workers.recovery.leases` and
-`workers.recovery.reconciler`.
+Every key a script touches is given by its caller (never built inside the script); ids and records
+arrive through ARGV. The scripts run as the functions of one Redis library (`LIBRARY`, see
+workers/state/function_library.py), which declares to Redis only the keys a script writes: the keys
+marked "read" below travel by name, and the script still finds them in KEYS, in the order listed. The
+Python faces are `workers.state.ledger.RunLedger` (stage, dead-letter, commit, recover),
+`producer.enqueue.Enqueuer` (classify, claim), `workers.record.uploader.Uploader` (the flush lock),
+`workers.recovery.leases` and `workers.recovery.reconciler`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import redis
-from redis.commands.core import Script
+
+from workers.state.function_library import READ, REST, WRITTEN, FunctionLibrary, LibraryFunction, LuaScript
 
 # --------------------------------------------------------------------------- enqueue
 
@@ -98,7 +101,7 @@ return added
 # Stage one completion unless the prompt is already staged, done or dead. The hand-over time comes
 # from Redis's own clock, so the staged order is the order of hand-over across all hosts.
 # A conversation's kept turns (KEYS[8]) go: it is staged whole.
-# KEYS: done, dead, staged, staged_index, staged_bytes, stats, events, turns.
+# KEYS: done (read), dead (read), staged, staged_index, staged_bytes, stats, events, turns.
 # ARGV: prompt id, blob, quality field, finish field, completion/reasoning/prompt tokens, gpu label,
 # events kept, then the stats field names: completions, the three token totals, first completion, and
 # the missing-token-ids counter (empty when the completion has its ids); then the turns field, the
@@ -130,7 +133,8 @@ return 1
 )
 
 # A dead letter is recorded once, and waits in dead_pending for the uploader to commit it.
-# KEYS: done, staged, dead, stats, dead_pending, turns. ARGV: prompt id, letter (JSON), its stats field.
+# KEYS: done (read), staged (read), dead, stats, dead_pending, turns. ARGV: prompt id, letter (JSON), its
+# stats field.
 DEAD_LETTER = (
     _REDIS_CLOCK
     + """
@@ -147,7 +151,8 @@ return 1
 
 # A conversation's finished turns are kept, unless it is staged, done or dead already (a worker that
 # lost its lease may still finish a turn after another staged the conversation).
-# KEYS: done, staged, dead, turns. ARGV: prompt id, the turns (blob). Returns 1 when kept.
+# KEYS: done (read), staged (read), dead (read), turns. ARGV: prompt id, the turns (blob).
+# Returns 1 when kept.
 KEEP_TURNS = """
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1
   or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
@@ -203,9 +208,9 @@ end
 """
 
 # Commit one part: only while holding the upload lock, and only for the expected part number.
-# KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock, next_part, manifest,
-# stats, turns. ARGV: lock token, part, manifest entry, the number N of completed prompt ids, those N ids,
-# then per dead letter the part committed: its prompt id, the letter (JSON) and its stats field.
+# KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock (read), next_part,
+# manifest, stats, turns. ARGV: lock token, part, manifest entry, the number N of completed prompt ids,
+# those N ids, then per dead letter the part committed: its prompt id, the letter (JSON) and its stats field.
 # Returns the number of prompts newly marked done, or an error when the lock or part changed.
 COMMIT = (
     _MARK_COMMITTED_HELPERS
@@ -278,7 +283,8 @@ end
 """
 )
 
-# KEYS: batch, open_batches, leases, lease_owners. ARGV: batch id, holder (JSON with `owner`), owner, TTL s.
+# KEYS: batch (read), open_batches, leases, lease_owners. ARGV: batch id, holder (JSON with `owner`), owner,
+# TTL s.
 # Returns 'acquired', 'held' (another execution's lease is live) or 'finished' (the batch is gone).
 ACQUIRE_LEASE = (
     _LEASE_HELPERS
@@ -297,7 +303,7 @@ return 'acquired'
 """
 )
 
-# KEYS: leases, lease_owners, then each renewed batch's key. ARGV: TTL s, then per batch: id, owner,
+# KEYS: leases, lease_owners, then each renewed batch's key (read). ARGV: TTL s, then per batch: id, owner,
 # holder (JSON). A lease still ours (even one that ran out and was not yet taken back) is extended.
 # Any other is lost: another execution holds it, the reconciler took it back, it was handed back (a
 # hand-back may land between the renewer's reading of its leases and this call: taking the lease
@@ -340,7 +346,7 @@ return 1
 # Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go. Only
 # on Redis's word, not the worker's: a Redis that lost its last second of writes may have forgotten a
 # hand-over the worker saw acknowledged, and a batch deleted then would strand that prompt for good.
-# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done, staged, dead.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done (read), staged (read), dead (read).
 # ARGV: batch id, then the batch's prompt ids. Returns the ids neither done, staged nor dead: when
 # there are any, nothing is changed and the caller hands the batch back.
 FINISH_BATCH = """
@@ -382,7 +388,7 @@ return out
 )
 
 # Of the given open batches, those that nobody leases are dispatched again now (their score moves
-# to now, so the next pass judges them afresh). KEYS: open_batches, leases. ARGV: batch ids.
+# to now, so the next pass judges them afresh). KEYS: open_batches, leases (read). ARGV: batch ids.
 # Returns the ids the caller must publish.
 REDISPATCH = (
     _REDIS_CLOCK
@@ -402,20 +408,8 @@ return out
 
 # --------------------------------------------------------------------------- seats (workers/recovery/seat.py)
 
-# Take a GPU label's seat unless a live process holds it: one whose channel still has a subscriber.
-# KEYS: the seat. ARGV: my token, the label's channel prefix. Returns {'taken', previous token or ''}
-# or {'held', the live holder's token}.
-TAKE_SEAT = """
-local current = redis.call('GET', KEYS[1])
-if current and current ~= ARGV[1] then
-  if redis.call('PUBSUB', 'NUMSUB', ARGV[2] .. current)[2] > 0 then return {'held', current} end
-end
-redis.call('SET', KEYS[1], ARGV[1])
-return {'taken', current or ''}
-"""
-
 # A new seat holder takes back, at once, every lease held under its label by another seat: those
-# holders are dead (TAKE_SEAT proved it). Their batches become dispatchable now. KEYS: open_batches,
+# holders are dead (taking the seat proved it). Their batches become dispatchable now. KEYS: open_batches,
 # leases, lease_owners. ARGV: the label, the new holder's seat token. Returns id, holder (JSON) pairs.
 TAKE_BACK_SEAT_LEASES = (
     _REDIS_CLOCK
@@ -438,50 +432,58 @@ return out
 )
 
 
+# Each script with the access of its keys (function_library.LuaScript.key_access): those marked "read"
+# above are not declared to Redis, so a user needs no write permission on them.
+_W, _R = WRITTEN, READ
+LIBRARY = FunctionLibrary.of(
+    "draftgen",
+    [
+        LuaScript("classify", CLASSIFY, writes_nothing=True),
+        LuaScript("claim", CLAIM),
+        LuaScript("hold_ids", HOLD_IDS),
+        LuaScript("stage", STAGE, key_access=_R * 2 + _W * 6),
+        LuaScript("dead_letter", DEAD_LETTER, key_access=_R * 2 + _W * 4),
+        LuaScript("strike", STRIKE),
+        LuaScript("keep_turns", KEEP_TURNS, key_access=_R * 3 + _W),
+        LuaScript("commit", COMMIT, key_access=_W * 6 + _R + _W * 4),
+        LuaScript("mark_committed", MARK_COMMITTED),
+        LuaScript("extend_lock", EXTEND_LOCK),
+        LuaScript("release_lock", RELEASE_LOCK),
+        LuaScript("acquire_lease", ACQUIRE_LEASE, key_access=_R + _W * 3),
+        LuaScript("renew_leases", RENEW_LEASES, key_access=_W * 2 + _R + REST),
+        LuaScript("release_lease", RELEASE_LEASE),
+        LuaScript("finish_batch", FINISH_BATCH, key_access=_W * 5 + _R * 3),
+        LuaScript("expire_leases", EXPIRE_LEASES),
+        LuaScript("redispatch", REDISPATCH, key_access=_W + _R),
+        LuaScript("take_back_seat_leases", TAKE_BACK_SEAT_LEASES),
+    ],
+)
+
+
 @dataclass(frozen=True)
 class Scripts:
-    """Every script, registered with one client (registering is local: Redis loads on first call)."""
+    """Every script, as a function of LIBRARY on one client (binding is local: the library is loaded by
+    the first call that finds it missing, when the client's user may load it)."""
 
-    classify: Script
-    claim: Script
-    hold_ids: Script
-    stage: Script
-    dead_letter: Script
-    strike: Script
-    keep_turns: Script
-    commit: Script
-    mark_committed: Script
-    extend_lock: Script
-    release_lock: Script
-    acquire_lease: Script
-    renew_leases: Script
-    release_lease: Script
-    finish_batch: Script
-    expire_leases: Script
-    redispatch: Script
-    take_seat: Script
-    take_back_seat_leases: Script
+    classify: LibraryFunction
+    claim: LibraryFunction
+    hold_ids: LibraryFunction
+    stage: LibraryFunction
+    dead_letter: LibraryFunction
+    strike: LibraryFunction
+    keep_turns: LibraryFunction
+    commit: LibraryFunction
+    mark_committed: LibraryFunction
+    extend_lock: LibraryFunction
+    release_lock: LibraryFunction
+    acquire_lease: LibraryFunction
+    renew_leases: LibraryFunction
+    release_lease: LibraryFunction
+    finish_batch: LibraryFunction
+    expire_leases: LibraryFunction
+    redispatch: LibraryFunction
+    take_back_seat_leases: LibraryFunction
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:
-        return cls(
-            classify=client.register_script(CLASSIFY),
-            claim=client.register_script(CLAIM),
-            hold_ids=client.register_script(HOLD_IDS),
-            stage=client.register_script(STAGE),
-            dead_letter=client.register_script(DEAD_LETTER),
-            strike=client.register_script(STRIKE),
-            keep_turns=client.register_script(KEEP_TURNS),
-            commit=client.register_script(COMMIT),
-            mark_committed=client.register_script(MARK_COMMITTED),
-            extend_lock=client.register_script(EXTEND_LOCK),
-            release_lock=client.register_script(RELEASE_LOCK),
-            acquire_lease=client.register_script(ACQUIRE_LEASE),
-            renew_leases=client.register_script(RENEW_LEASES),
-            release_lease=client.register_script(RELEASE_LEASE),
-            finish_batch=client.register_script(FINISH_BATCH),
-            expire_leases=client.register_script(EXPIRE_LEASES),
-            redispatch=client.register_script(REDISPATCH),
-            take_seat=client.register_script(TAKE_SEAT),
-            take_back_seat_leases=client.register_script(TAKE_BACK_SEAT_LEASES),
-        )
+        return cls(**{field.name: LIBRARY.bind(client, field.name) for field in fields(cls)})
