@@ -5,7 +5,10 @@ side), the producer's peak memory at 100k and at the full count (flat means stre
 and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed), with
 where it goes: the batches, the run's ids (with the fingerprints of explicit ids), the queue's messages.
 
-    .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts]
+    .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts] [--from s3-parquet]
+
+`--from s3-parquet` writes the same rows as Parquet shards of SHARD_ROWS each into an S3 endpoint
+(moto's server, over HTTP) and enqueues the prefix `s3://bench/prompts/` instead of a local JSONL file.
 
 The default prompts are short (15-45 words of a 13-word vocabulary, ~150 bytes), which shows the
 per-prompt overhead. `--long-prompts` draws 100-600 words from 5,000 made-up words (~2.4 KB, about as
@@ -18,14 +21,21 @@ Last line: enqueue_1m_s=<seconds for the full count, scaled to 1M rows if --rows
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import logging
+import os
 import random
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -56,6 +66,17 @@ WORDS = (
     "code",
 )
 TIME_BIN = "/usr/bin/time"
+SOURCES = ("jsonl", "s3-parquet")
+BUCKET = "bench"
+PREFIX = "prompts/"
+SMALL_PREFIX = "small/"
+SHARD_ROWS = 1_000_000
+ROW_GROUP_ROWS = 64 * 1024
+FAKE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 ERROR_TAIL_CHARS = 3000
 SHORT_PROMPT_WORDS = (15, 45)
 LONG_PROMPT_WORDS = (100, 600)
@@ -72,21 +93,47 @@ def long_vocabulary(rng: random.Random) -> tuple[str, ...]:
     )
 
 
-def write_dataset(path: Path, rows: int, long_prompts: bool) -> int:
-    """A JSONL of varied prompts; returns the raw bytes of all prompt texts."""
+def prompt_texts(rows: int, long_prompts: bool) -> Iterator[str]:
+    """The benchmark's prompts, the same for every source."""
     rng = random.Random(0)
     vocabulary = long_vocabulary(rng) if long_prompts else WORDS
     words = LONG_PROMPT_WORDS if long_prompts else SHORT_PROMPT_WORDS
+    for _ in range(rows):
+        yield " ".join(rng.choices(vocabulary, k=rng.randint(*words)))
+
+
+def write_dataset(path: Path, rows: int, long_prompts: bool) -> int:
+    """A JSONL of varied prompts; returns the raw bytes of all prompt texts."""
     raw = 0
     with path.open("w") as handle:
-        for i in range(rows):
-            text = " ".join(rng.choices(vocabulary, k=rng.randint(*words)))
+        for i, text in enumerate(prompt_texts(rows, long_prompts)):
             raw += len(text.encode())
             handle.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": text}]}) + "\n")
     return raw
 
 
-def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
+def write_parquet_shards(s3: Any, prefix: str, rows: int, long_prompts: bool) -> int:
+    """The same prompts as Parquet shards (columns id, prompt) under s3://BUCKET/prefix; returns the raw
+    bytes of all prompt texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = 0
+    texts = prompt_texts(rows, long_prompts)
+    for shard, first in enumerate(range(0, rows, SHARD_ROWS)):
+        count = min(SHARD_ROWS, rows - first)
+        prompts = list(islice(texts, count))
+        raw += sum(len(text.encode()) for text in prompts)
+        table = pa.table({"id": [f"p{i}" for i in range(first, first + count)], "prompt": prompts})
+        body = io.BytesIO()
+        pq.write_table(table, body, row_group_size=ROW_GROUP_ROWS)
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}part-{shard:05d}.parquet", Body=body.getvalue())
+    return raw
+
+
+def enqueue(
+    data: str, redis_url: str, run: str, output: Path, env: dict[str, str] | None = None
+) -> tuple[float, int]:
     """Wall seconds and peak RSS (KiB) of `python -m producer enqueue`."""
     command = [
         sys.executable,
@@ -95,22 +142,50 @@ def enqueue(data: Path, redis_url: str, run: str) -> tuple[float, int]:
         "--redis-url",
         redis_url,
         "enqueue",
-        str(data),
+        data,
         "--run",
         run,
         "--output",
-        str(data.parent / "out" / run),  # an output belongs to one run
+        str(output / run),  # an output belongs to one run
     ]
     if Path(TIME_BIN).exists():
         command = [TIME_BIN, "-v", *command]
     started = time.monotonic()
-    result = subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=False, env=env or os.environ.copy()
+    )
     if result.returncode != 0:
         said = result.stderr[-ERROR_TAIL_CHARS:]
-        raise SystemExit(f"enqueue of {data.name} exited {result.returncode}:\n{said}")
+        raise SystemExit(f"enqueue of {data} exited {result.returncode}:\n{said}")
     elapsed = time.monotonic() - started
     match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
     return elapsed, int(match.group(1)) if match else 0
+
+
+@contextlib.contextmanager
+def s3_endpoint() -> Iterator[tuple[dict[str, str], Any]]:
+    """moto's S3 server over HTTP with the benchmark's bucket: the environment a child process reaches it
+    with, and a client."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        env = {**os.environ, **FAKE_AWS_ENV, "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            aws_access_key_id=FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=FAKE_AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+            region_name=FAKE_AWS_ENV["AWS_DEFAULT_REGION"],
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        yield env, s3
+    finally:
+        server.stop()
 
 
 def memory_by_kind(client: redis.Redis, run: str) -> dict[str, int]:
@@ -132,25 +207,34 @@ def main() -> int:
     )
     parser.add_argument("--rows", type=int, default=ONE_MILLION)
     parser.add_argument("--long-prompts", action="store_true", help="~2.4 KB prompts instead of ~150 B")
+    parser.add_argument("--from", dest="source", choices=SOURCES, default=SOURCES[0])
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         root = Path(scratch)
-        small, full = root / "small.jsonl", root / "full.jsonl"
-        write_dataset(small, min(SMALL_ROWS, args.rows), args.long_prompts)
-        raw_bytes = write_dataset(full, args.rows, args.long_prompts)
+        small_rows = min(SMALL_ROWS, args.rows)
+        env = None
+        if args.source == SOURCES[0]:
+            small, full = str(root / "small.jsonl"), str(root / "full.jsonl")
+            write_dataset(Path(small), small_rows, args.long_prompts)
+            raw_bytes = write_dataset(Path(full), args.rows, args.long_prompts)
+        else:
+            env, s3 = stack.enter_context(s3_endpoint())
+            small, full = f"s3://{BUCKET}/{SMALL_PREFIX}", f"s3://{BUCKET}/{PREFIX}"
+            write_parquet_shards(s3, SMALL_PREFIX, small_rows, args.long_prompts)
+            raw_bytes = write_parquet_shards(s3, PREFIX, args.rows, args.long_prompts)
         process = start_redis(free_port(), root / "redis", root)
+        stack.callback(process.stop)
         redis_url = process.url
         client = redis.Redis.from_url(redis_url)
-        try:
-            small_s, small_rss = enqueue(small, redis_url, "small")
-            client.flushall()
-            before = int(client.info("memory")["used_memory"])
-            full_s, full_rss = enqueue(full, redis_url, "full")
-            after = int(client.info("memory")["used_memory"])
-            by_kind = memory_by_kind(client, "full")
-            again_s, again_rss = enqueue(full, redis_url, "full")
-        finally:
-            process.stop()
+        small_s, small_rss = enqueue(small, redis_url, "small", root / "out", env)
+        client.flushall()
+        before = int(client.info("memory")["used_memory"])
+        full_s, full_rss = enqueue(full, redis_url, "full", root / "out", env)
+        after = int(client.info("memory")["used_memory"])
+        by_kind = memory_by_kind(client, "full")
+        again_s, again_rss = enqueue(full, redis_url, "full", root / "out", env)
+    shards = f" ({-(-args.rows // SHARD_ROWS)} Parquet shards, S3 over HTTP)" if env else ""
+    print(f"source                   {full}{shards}")
     per_prompt = (after - before) / args.rows
     raw_per_prompt = raw_bytes / args.rows
     print(f"rows                     {args.rows:,} (~{raw_per_prompt:.0f} bytes of prompt text each)")

@@ -38,6 +38,7 @@ from inference.records import Prompt, PromptBatch
 from intake.rejected import RejectedRow
 from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
+from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint, content_digest
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
@@ -145,6 +146,7 @@ class Enqueuer:
         # of a run's hundreds of thousands of batches cost a second per 6,000 on a cloud VM).
         self._batch_ids = random.Random(uuid.uuid4().int)
         self._scripts = Scripts.register(client)
+        self._files = FileNumbers(client, self.keys, self._scripts)
         self._requeue_orphans = False
         self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
         self._own_note = EnqueueNote(source=source, at=0.0)
@@ -273,7 +275,10 @@ class Enqueuer:
                 fingerprints=fingerprints,
             )
             self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), msgspec.json.encode(record))
-        holders = [fingerprints.get(p.id, str(self.enqueue_number)) for p in new]
+        explicit = [found for _, found in fingerprinted if found is not None]
+        numbered = iter(self._files.holders(explicit))
+        hashed = str(self.enqueue_number)  # a hashed id's holder: the id is its content's digest
+        holders = [hashed if found is None else next(numbered) for _, found in fingerprinted]
         keys = [
             self.keys.enqueued_count,
             self.keys.unpublished,
@@ -338,7 +343,8 @@ class Enqueuer:
             digest=digest, enqueue_number=self.enqueue_number, row=prompt.row, file=prompt.file
         )
 
-    def _conflict(self, prompt: Prompt, earlier: Fingerprint) -> RejectedRow:
+    def _conflict(self, prompt: Prompt, held: Fingerprint) -> RejectedRow:
+        earlier = self._files.named(held)
         if earlier.enqueue_number == self.enqueue_number:
             where, kept = f"{earlier.place()} of this input", f"{earlier.place()}'s version"
         else:

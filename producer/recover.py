@@ -19,6 +19,7 @@ import redis
 from inference.records import DeadLetter
 from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
+from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint
 from workers.errors import ObjectMissing
 from workers.record.enqueued import EnqueueNote
@@ -27,6 +28,7 @@ from workers.record.object_store import ObjectStore
 from workers.record.reading import read_committed, read_enqueued_chunks, read_rejections
 from workers.state.keys import ID_BUCKETS, RUNS_KEY, RunKeys, id_bucket
 from workers.state.ledger import RunLedger
+from workers.state.protocol import Scripts
 from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
 
 IDS_PER_COMMAND = 10_000
@@ -110,16 +112,19 @@ def _restore_enqueued(client: redis.Redis, keys: RunKeys, store: ObjectStore, re
             known = Fingerprint.decode(encoded.encode()) is not None
             holder = (chunk.enqueue_number, encoded if known else str(chunk.enqueue_number))
             latest[prompt_id] = max(latest.get(prompt_id, holder), holder)
-    _hold(RunLedger(client, keys.run), {prompt_id: holder for prompt_id, (_n, holder) in latest.items()})
+    _hold(client, keys, {prompt_id: holder for prompt_id, (_n, holder) in latest.items()})
     report.enqueued = len(latest)
     report.fingerprints = sum(1 for _n, holder in latest.values() if not holder.isdigit())
     _restore_notes(client, keys, notes)
 
 
-def _hold(ledger: RunLedger, holders: dict[str, str]) -> None:
+def _hold(client: redis.Redis, keys: RunKeys, holders: dict[str, str]) -> None:
+    """Ids into the run's buckets, each with its holder (an explicit id's file by number)."""
+    ledger, files = RunLedger(client, keys.run), FileNumbers(client, keys, Scripts.register(client))
     items = sorted(holders.items())
     for start in range(0, len(items), IDS_PER_COMMAND):
-        ledger.hold_ids(dict(items[start : start + IDS_PER_COMMAND]))
+        ids, named = zip(*items[start : start + IDS_PER_COMMAND], strict=True)
+        ledger.hold_ids(dict(zip(ids, files.numbered(list(named)), strict=True)))
 
 
 def _move_legacy_ids(client: redis.Redis, keys: RunKeys) -> None:
@@ -127,15 +132,16 @@ def _move_legacy_ids(client: redis.Redis, keys: RunKeys) -> None:
     hashes of the same buckets: both move to the id buckets, and the old keys go."""
     if not client.exists(keys.legacy_enqueued):
         return
-    ledger = RunLedger(client, keys.run)
     members = client.sscan_iter(keys.legacy_enqueued, count=IDS_PER_COMMAND)
     while ids := [member.decode() for member in islice(members, IDS_PER_COMMAND)]:
         with client.pipeline(transaction=False) as pipe:
             for prompt_id in ids:
                 pipe.hget(f"{keys.legacy_fingerprints_prefix}{id_bucket(prompt_id)}", prompt_id)
             found = pipe.execute()
-        ledger.hold_ids(
-            {prompt_id: (raw or LEGACY_HOLDER).decode() for prompt_id, raw in zip(ids, found, strict=True)}
+        _hold(
+            client,
+            keys,
+            {prompt_id: (raw or LEGACY_HOLDER).decode() for prompt_id, raw in zip(ids, found, strict=True)},
         )
     with client.pipeline(transaction=False) as pipe:
         pipe.unlink(keys.legacy_enqueued)

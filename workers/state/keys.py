@@ -244,6 +244,12 @@ class RunKeys:
         return self._key("enqueue_lock")
 
     @property
+    def files(self) -> str:
+        """Hash of the numbers the run gave the files of its folders and S3 prefixes: `n:<name>` -> number,
+        `i:<number>` -> name, `count`. An explicit id's fingerprint holds its file's number, not its name."""
+        return self._key("files")
+
+    @property
     def enqueues(self) -> str:
         """List of notes (JSON: source, at), one per `enqueue` of the run; enqueue N is item N-1."""
         return self._key("enqueues")

@@ -248,6 +248,21 @@ return newly
 # Ids an enqueue claimed, as its output records them (recovery): each joins the run with its holder
 # unless the run holds it already (then as recent). KEYS: enqueued_count, then each id's bucket.
 # ARGV: the ids (JSON), their holders (JSON, in the same order). Returns how many joined.
+# The number of each file named (a folder's or an S3 prefix's), given at its first sight: fingerprints
+# hold it instead of the name. KEYS: files. ARGV: the names. Returns their numbers, in order.
+NUMBER_FILES = """
+local out = {}
+for i, name in ipairs(ARGV) do
+  local number = redis.call('HGET', KEYS[1], 'n:' .. name)
+  if not number then
+    number = redis.call('HINCRBY', KEYS[1], 'count', 1)
+    redis.call('HSET', KEYS[1], 'n:' .. name, number, 'i:' .. number, name)
+  end
+  out[i] = tonumber(number)
+end
+return out
+"""
+
 HOLD_IDS = """
 local ids, holders = cjson.decode(ARGV[1]), cjson.decode(ARGV[2])
 local added = 0
@@ -441,6 +456,7 @@ LIBRARY = FunctionLibrary.of(
         LuaScript("classify", CLASSIFY, writes_nothing=True),
         LuaScript("claim", CLAIM),
         LuaScript("hold_ids", HOLD_IDS),
+        LuaScript("number_files", NUMBER_FILES),
         LuaScript("stage", STAGE, key_access=_R * 2 + _W * 6),
         LuaScript("dead_letter", DEAD_LETTER, key_access=_R * 2 + _W * 4),
         LuaScript("strike", STRIKE),
@@ -468,6 +484,7 @@ class Scripts:
     classify: LibraryFunction
     claim: LibraryFunction
     hold_ids: LibraryFunction
+    number_files: LibraryFunction
     stage: LibraryFunction
     dead_letter: LibraryFunction
     strike: LibraryFunction
