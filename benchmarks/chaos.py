@@ -748,7 +748,7 @@ def _queue_view(client: redis.Redis) -> dict[str, Any]:
 
 def _run_view(client: redis.Redis, keys: RunKeys) -> dict[str, Any]:
     return {
-        "enqueued": client.scard(keys.enqueued),
+        "enqueued": int(client.get(keys.enqueued_count) or 0),
         "staged": client.hlen(keys.staged),
         "done": client.scard(keys.done),
         "dead": client.hlen(keys.dead),
