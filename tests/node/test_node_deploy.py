@@ -13,6 +13,7 @@ import pytest
 
 from inference.exit_codes import EXIT_OK
 from inference.node.cli import register
+from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = DEPLOY / "systemd"
@@ -54,18 +55,22 @@ def test_every_unit_reads_the_shared_env_file_and_comes_back_after_a_failure(nam
 
 
 @pytest.mark.parametrize(
-    ("name", "role"),
+    ("name", "user"),
     [
-        ("draftgen-generate@.service", "worker"),
+        ("draftgen-generate@.service", "worker-%H"),  # its own node's user: %H is the host name
         ("draftgen-uploader.service", "uploader"),
         ("draftgen-flower.service", "flower"),
     ],
 )
-def test_a_unit_that_talks_to_redis_reads_its_roles_url_last_when_the_file_is_there(
-    name: str, role: str
+def test_a_unit_that_talks_to_redis_reads_its_users_url_last_when_the_file_is_there(
+    name: str, user: str
 ) -> None:
     # the '-' lets the unit start without it (a single node's Redis without users)
-    assert unit(name)["EnvironmentFile"] == [ENV_FILE, f"-/etc/draftgen/redis-{role}.env"]
+    assert unit(name)["EnvironmentFile"] == [ENV_FILE, f"-/etc/draftgen/redis-{user}.env"]
+
+
+def test_a_worker_refused_its_seat_by_redis_is_not_restarted_by_systemd() -> None:
+    assert unit("draftgen-generate@.service")["RestartPreventExitStatus"] == [str(EXIT_SEAT_REFUSED)]
 
 
 def test_the_server_unit_runs_serve_for_its_gpu_with_arguments_serve_accepts(
