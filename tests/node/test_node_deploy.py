@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -19,6 +20,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = DEPLOY / "systemd"
 ENV_FILE = "/etc/draftgen/draftgen.env"
 SCRIPT_TIMEOUT_S = 60
+BAD_USAGE = 2  # the exit code of a shell script given a wrong option or file
 
 
 def unit(name: str) -> dict[str, list[str]]:
@@ -140,6 +142,38 @@ def test_the_bootstrap_dry_run_shows_every_change_and_makes_none() -> None:
     assert "draftgen-sglang@2" not in enable
     assert "draftgen-flower" not in enable
     assert any(line.startswith("+ runuser -u draftgen") and "inference" in line for line in changes)
+
+
+def bootstrap_dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DEPLOY / "bootstrap-node.sh", "--gpus", "1", *args, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+
+
+def redis_env_file(folder: Path, user: str) -> Path:
+    """An env file as deploy/redis-credentials.sh writes it for `user`."""
+    path = folder / f"redis-{user}.env"
+    path.write_text(f'DRAFTGEN_REDIS_URL="rediss://{user}:secret@head.example.internal:6380/0"\n')
+    return path
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
+def test_the_bootstrap_installs_the_node_s_own_redis_env_file_under_its_host_name(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    result = bootstrap_dry_run("--redis-env", str(redis_env_file(tmp_path, f"worker-{host}")))
+    assert result.returncode == 0, result.stderr
+    assert f"/etc/draftgen/redis-worker-{host}.env" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
+def test_the_bootstrap_refuses_another_node_s_redis_env_file_in_one_line(tmp_path: Path) -> None:
+    result = bootstrap_dry_run("--redis-env", str(redis_env_file(tmp_path, "worker-another-node")))
+    assert result.returncode == BAD_USAGE
+    [line] = result.stderr.splitlines()
+    assert "is not this node's" in line and f"worker-{socket.gethostname()}" in line
 
 
 def test_the_bootstrap_refuses_a_bad_gpu_count() -> None:
