@@ -39,6 +39,9 @@ from workers.state.keys import seat_channel, seat_channel_prefix, seat_key
 log = logging.getLogger(__name__)
 
 SEAT_CHECK_S = 2.0  # how often the holder reads its subscription (re-subscribing after a Redis restart)
+# How long taking a seat waits for Redis's answer to SUBSCRIBE (milliseconds, normally): a refusal read
+# later would let the seat look held by its live holder, and the worker say the wrong reason.
+SUBSCRIBE_ANSWER_S = 5.0
 
 
 def stop_this_process(reason: str) -> None:
@@ -75,7 +78,7 @@ class Seat:
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         try:
             self._pubsub.subscribe(seat_channel(self.label, self.token))
-            self._pubsub.get_message(timeout=0)  # reads the subscription's confirmation
+            self._pubsub.get_message(timeout=SUBSCRIBE_ANSWER_S)  # its confirmation, or its refusal
             watched = seat_key(self.label)
             taken, holder = self._client.transaction(self._take, watched, value_from_callable=True)
         except redis.exceptions.NoPermissionError as error:
