@@ -3,13 +3,17 @@
 # the model staged into /dev/shm, and one SGLang server plus one generate worker per GPU under
 # systemd. Idempotent: re-running updates the code and the units and skips what is already done.
 #
-#   sudo deploy/bootstrap-node.sh [--gpus N] [--uploader] [--flower] [--env-file FILE] [--restart] [--dry-run]
+#   sudo deploy/bootstrap-node.sh [--gpus N] [--uploader] [--flower] [--env-file FILE] [--redis-env FILE]
+#        [--restart] [--dry-run]
 #
 #   --gpus N         GPUs to serve (default: as many as `nvidia-smi -L` lists)
 #   --uploader       also run the uploader on this node (one per run is enough)
 #   --flower         also run Flower on this node (usually the head node)
 #   --env-file FILE  install FILE as /etc/draftgen/draftgen.env (default: keep the existing one,
 #                    or start from deploy/draftgen.env.example and stop so you can edit it)
+#   --redis-env FILE this node's own Redis env file, redis-worker-<host>.env from the head node
+#                    (deploy/multi-node.md, section 1): installed as /etc/draftgen/redis-worker-<host>.env
+#                    for its generate workers; refused when it holds another host's user
 #   --prefix DIR     where draftgen lives (default /opt/draftgen; the units expect that path)
 #   --restart        restart units that are already running, to pick up new code or settings
 #                    (without it, running servers and workers are left alone)
@@ -26,10 +30,13 @@ GPUS=""
 WITH_UPLOADER=0
 WITH_FLOWER=0
 NEW_ENV_FILE=""
+NEW_REDIS_ENV_FILE=""
+NODE_HOST="$(hostname)"  # systemd's %H: the host of this node's worker labels and of its Redis user
+NODE_REDIS_ENV_FILE="$ENV_DIR/redis-worker-$NODE_HOST.env"
 RESTART=0
 DRY_RUN=0
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,6 +44,7 @@ while [ $# -gt 0 ]; do
     --uploader) WITH_UPLOADER=1; shift ;;
     --flower) WITH_FLOWER=1; shift ;;
     --env-file) NEW_ENV_FILE="${2:?--env-file needs a path}"; shift 2 ;;
+    --redis-env) NEW_REDIS_ENV_FILE="${2:?--redis-env needs a path}"; shift 2 ;;
     --prefix) PREFIX="${2:?--prefix needs a folder}"; shift 2 ;;
     --restart) RESTART=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -75,6 +83,14 @@ fi
 case "$GPUS" in
   ''|*[!0-9]*|0) echo "error: --gpus must be a whole number of 1 or more, not '$GPUS'" >&2; exit 2 ;;
 esac
+if [ -n "$NEW_REDIS_ENV_FILE" ] && [ ! -r "$NEW_REDIS_ENV_FILE" ]; then
+  echo "error: --redis-env $NEW_REDIS_ENV_FILE: no such readable file" >&2
+  exit 2
+fi
+if [ -n "$NEW_REDIS_ENV_FILE" ] && ! grep -qF "rediss://worker-$NODE_HOST:" "$NEW_REDIS_ENV_FILE"; then
+  echo "error: --redis-env $NEW_REDIS_ENV_FILE is not this node's: it must hold the URL of user worker-$NODE_HOST (redis-worker-$NODE_HOST.env)" >&2
+  exit 2
+fi
 LAST_GPU=$((GPUS - 1))
 
 step "system packages"
@@ -122,6 +138,10 @@ elif [ ! -f "$ENV_FILE" ]; then
     echo "then run this script again" >&2
     exit 1
   fi
+fi
+
+if [ -n "$NEW_REDIS_ENV_FILE" ]; then
+  run install -m 0600 -o root "$NEW_REDIS_ENV_FILE" "$NODE_REDIS_ENV_FILE"
 fi
 
 step "stage the model (skips files already there with the right size)"

@@ -8,6 +8,7 @@ WorkerError
 ├── RunBroken               permanent for this message: unknown run, unreadable settings
 ├── ShuttingDown            the worker is stopping: a wait for the server ends early
 ├── SeatHeld                another live process holds this GPU's seat: this one may not start
+├── SeatRefused             this process's Redis user may not hold this GPU's seat (another node's user)
 ├── ObjectMissing           no object under that key (also a KeyError)
 └── Refused                 what was given cannot work, whoever retries (also a ValueError)
     ├── InvalidRunName      a run name that is not a safe key and path segment
@@ -61,6 +62,11 @@ class StoreUnavailable(RetryLater):
 
 class SeatHeld(WorkerError):
     """A live worker process holds the seat of this GPU label: a second one would steal its batches."""
+
+
+class SeatRefused(WorkerError):
+    """Redis refused this process's user the seat of its GPU label (NOPERM): each GPU node's user may
+    hold only the seats of its own host's labels."""
 
 
 class ObjectMissing(WorkerError, KeyError):

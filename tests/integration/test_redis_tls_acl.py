@@ -1,8 +1,9 @@
 """The fleet's Redis as deploy/multi-node.md configures it: TLS only (rediss://, the server's certificate
-checked against a test CA) and one ACL user per role from deploy/redis-users.acl. The whole pipeline
-runs with each process as its own user, and no user is refused anything it needs, nor is a worker's user
-refused any step a worker takes; a worker's user is refused what it must not do: run Lua of its own,
-load functions, mark prompts done, delete or consume the queues, take staged work away, lift a pause."""
+checked against a test CA) and one ACL user per role from deploy/redis-users.acl, the generate workers'
+one per GPU node. The whole pipeline runs with each process as its own user, and no user is refused
+anything it needs, nor is a GPU node's user refused any step its workers take; a GPU node's user is
+refused what it must not do: run Lua of its own, load functions, mark prompts done, delete or consume the
+queues, take staged work away, lift a pause, or touch another node's seats, heartbeats and exit notes."""
 
 from __future__ import annotations
 
@@ -18,22 +19,32 @@ import msgspec
 import pytest
 import redis
 
-from devstack.local_stack import PROJECT_ROOT, celery_command, flower_process, free_port, http_ok, wait_until
+from devstack.local_stack import (
+    PROJECT_ROOT,
+    celery_command,
+    celery_worker,
+    flower_process,
+    free_port,
+    http_ok,
+    wait_until,
+)
 from inference.records import DeadLetter, DeadLetterReason, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
 from producer.enqueue import Enqueuer
 from tests.support import prompt_files
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
-from tests.support.redis_head import RedisHead, RoleStack, start_redis_head
+from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, start_redis_head
 from tests.support.stack import simulators
+from workers.bootsteps.seating import EXIT_SEAT_REFUSED
+from workers.errors import SeatRefused
 from workers.generate.quality_gate import check_quality_gate
 from workers.recovery.leases import Acquired, LeaseKeeper, finish_batch
 from workers.recovery.reconciler import Reconciler, ReconcileSettings
 from workers.recovery.seat import Seat
 from workers.state.control import PAUSED_BY_GATE, pause, pause_state
 from workers.state.exit_notes import leave_exit_note
-from workers.state.keys import RunKeys, worker_heartbeat_key
+from workers.state.keys import RunKeys, seat_channel, seat_key, worker_exit_note_key, worker_heartbeat_key
 from workers.state.ledger import RunLedger
 from workers.state.poison import Strike
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
@@ -50,7 +61,12 @@ VERIFIED = "OK: every prompt committed exactly once or dead-lettered"
 # redis-py names itself with CLIENT SETINFO on connect and ignores a refusal (Redis 7.2 and later log it).
 IGNORED_REFUSALS = frozenset({"client|setinfo"})
 STEPS_RUN = "worker-steps"
-LABEL = "node-a/gpu0"
+NODE, OTHER_NODE = GPU_NODES  # the GPU node whose workers run here, and another one
+WORKER, OTHER_WORKER = node_user(NODE), node_user(OTHER_NODE)
+LABEL = f"{NODE}/gpu0"
+SEAT_REFUSED_EXIT_S = 60.0
+SUBSCRIBE_ANSWER_S = 2.0
+ATTACKER_TOKEN = "a" * 32  # a seat token of the attacker's own, as uuid4().hex has
 LONG_S = 3600.0
 HEARTBEAT_TTL_S = 30
 
@@ -81,10 +97,12 @@ def client_of(head: RedisHead, user: str) -> redis.Redis:
 
 
 def role_stack(head: RedisHead, log_dir: Path, sims: list[SimulatorProcess]) -> RoleStack:
-    """Workers and the uploader as their own users, the commands as the producer's."""
+    """Workers (labelled with NODE) and the uploader as their own users, the commands as the producer's."""
     urls = head.urls
-    worker, uploader = urls["worker"], urls["uploader"]
-    return RoleStack(urls["producer"], log_dir, sims, worker_url=worker, uploader_url=uploader)
+    worker, uploader = urls[WORKER], urls["uploader"]
+    return RoleStack(
+        urls["producer"], log_dir, sims, worker_url=worker, worker_host=NODE, uploader_url=uploader
+    )
 
 
 def refusals(admin: redis.Redis) -> list[dict[str, Any]]:
@@ -96,6 +114,25 @@ def broker_tab(port: int) -> str:
     """Flower's Broker page: it lists the queues only when its own Redis client got through."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/broker", timeout=BROKER_TAB_TIMEOUT_S) as page:
         return str(page.read().decode())
+
+
+def refused(client: redis.Redis, command: tuple[str, ...]) -> bool:
+    """Whether Redis refuses the client's user the command (NOPERM)."""
+    try:
+        client.execute_command(*command)
+    except redis.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def subscribe(client: redis.Redis, channel: str) -> None:
+    """SUBSCRIBE, reading Redis's answer (a refusal raises NoPermissionError)."""
+    pubsub = client.pubsub()
+    try:
+        pubsub.subscribe(channel)
+        pubsub.get_message(timeout=SUBSCRIBE_ANSWER_S)
+    finally:
+        pubsub.close()
 
 
 def test_the_pipeline_runs_over_tls_with_one_acl_user_per_role_and_none_is_refused_anything(
@@ -153,7 +190,7 @@ def test_a_worker_s_user_can_neither_stop_nor_deafen_the_fleet_by_remote_control
             ("revoke", "0f0f0f0f-0000-4000-8000-000000000000"),
             ("shutdown",),
         ]
-        env = {**os.environ, **stack.env(DRAFTGEN_REDIS_URL=urls["worker"])}
+        env = {**os.environ, **stack.env(DRAFTGEN_REDIS_URL=urls[WORKER])}
         for attack in attacks:
             sent = subprocess.run(
                 celery_command("control", *attack), cwd=PROJECT_ROOT, env=env, capture_output=True, text=True
@@ -179,13 +216,11 @@ def test_a_worker_s_user_can_neither_stop_nor_deafen_the_fleet_by_remote_control
     ids=lambda command: " ".join(command),
 )
 def test_a_worker_s_user_is_refused_admin_commands(head: RedisHead, command: tuple[str, ...]) -> None:
-    worker = client_of(head, "worker")
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        worker.execute_command(*command)
+    assert refused(client_of(head, WORKER), command)
 
 
 def test_a_worker_s_user_cannot_redirect_a_run_s_output_nor_mark_a_prompt_committed(head: RedisHead) -> None:
-    worker = client_of(head, "worker")
+    worker = client_of(head, WORKER)
     keys = RunKeys(RUN)
     worker.get(keys.settings)  # reading is allowed: a worker needs the run's sampling
     for key in (keys.settings, keys.manifest, keys.next_part):
@@ -195,7 +230,7 @@ def test_a_worker_s_user_cannot_redirect_a_run_s_output_nor_mark_a_prompt_commit
 
 def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp_path: Path) -> None:
     # Given a run of two batches, enqueued by the producer's user
-    producer, worker, admin = (client_of(head, user) for user in ("producer", "worker", "admin"))
+    producer, worker, admin = (client_of(head, user) for user in ("producer", WORKER, "admin"))
     admin.acl_log_reset()
     settings = RunSettings(
         run=STEPS_RUN, sampling=SamplingSettings(), output_url=(tmp_path / "out").as_uri(), batch_size=2
@@ -244,6 +279,89 @@ def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp
 @pytest.mark.parametrize(
     "command",
     [
+        ("SET", seat_key(LABEL), ATTACKER_TOKEN),  # the seat taken: its worker stops itself
+        ("DEL", seat_key(LABEL)),
+        ("SET", worker_heartbeat_key(LABEL), "{}"),  # a wrong heartbeat in `status`
+        ("DEL", worker_heartbeat_key(LABEL)),
+        ("SET", worker_exit_note_key(LABEL), "stopped consuming"),  # a wrong reason in `status`
+    ],
+    ids=lambda command: f"{command[0]} {command[1]}",
+)
+def test_another_gpu_node_s_user_may_not_write_this_node_s_seat_heartbeat_or_exit_note(
+    head: RedisHead, command: tuple[str, ...]
+) -> None:
+    assert refused(client_of(head, OTHER_WORKER), command)
+
+
+def test_another_gpu_node_s_user_may_not_hold_a_subscription_on_this_node_s_seat_channel(
+    head: RedisHead,
+) -> None:
+    # (a subscriber there makes a seat look held: this node's restarted worker would be refused its seat)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        subscribe(client_of(head, OTHER_WORKER), seat_channel(LABEL, ATTACKER_TOKEN))
+
+
+def test_another_gpu_node_s_password_cannot_stop_this_node_s_worker(
+    head: RedisHead, sims: list[SimulatorProcess], tmp_path: Path, log_dir: Path
+) -> None:
+    # Given this node's generate worker, seated on its GPU as this node's user
+    admin, other_node = client_of(head, "admin"), client_of(head, OTHER_WORKER)
+    stack = role_stack(head, log_dir, sims)
+    try:
+        stack.start()
+        generator = stack.generators[0]
+        holder = admin.get(seat_key(LABEL))
+        assert holder is not None
+        # When another node's password tries to take its seat, as a worker would or key by key
+        with pytest.raises(SeatRefused):
+            Seat(other_node, LABEL, on_lost=lambda reason: None).take()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            subscribe(other_node, seat_channel(LABEL, ATTACKER_TOKEN))
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            other_node.set(seat_key(LABEL), ATTACKER_TOKEN)
+        # Then the seat is still its worker's, and the worker keeps consuming: a run enqueued now is
+        # committed whole
+        assert admin.get(seat_key(LABEL)) == holder
+        rows: list[object] = [prompt_files.as_messages(row) for row in prompt_files.questions(16, "s")]
+        data = prompt_files.write_jsonl(tmp_path / "s.jsonl", rows)
+        stack.enqueue(data, "tls-seats", "--output", str(tmp_path / "out"))
+        wait_until(
+            lambda: finished(stack, "tls-seats"), timeout_s=FINISH_S, what="the run after the attempts"
+        )
+        assert generator.alive() and stack.verify("tls-seats").returncode == 0
+    finally:
+        stack.stop()
+
+
+def test_a_worker_logged_in_as_another_node_s_user_stops_at_start_naming_the_env_file_it_needs(
+    head: RedisHead, sims: list[SimulatorProcess], log_dir: Path
+) -> None:
+    # Given a generate worker labelled with this node's host, but holding the other node's env file
+    stack = role_stack(head, log_dir, sims)
+    env = stack.env(
+        DRAFTGEN_REDIS_URL=head.urls[OTHER_WORKER],
+        DRAFTGEN_SERVER_URL=sims[0].url,
+        DRAFTGEN_GPU="0",
+        DRAFTGEN_HOSTNAME=NODE,
+    )
+    worker = celery_worker("gen-wrong-user", GENERATE_QUEUE, env, log_dir).start()
+    try:
+        assert worker.process is not None
+        # When it starts, it stops at once, with the exit code systemd does not restart
+        assert worker.process.wait(timeout=SEAT_REFUSED_EXIT_S) == EXIT_SEAT_REFUSED
+        # And says in one line which user was refused which seat, and which env file it needs
+        log = worker.log_text()
+        [reason] = [line for line in log.splitlines() if "does not start" in line]
+        assert f"Redis refused the seat of {LABEL} (NOPERM" in reason
+        assert f"Redis user '{OTHER_WORKER}'" in reason and f"/etc/draftgen/redis-worker-{NODE}.env" in reason
+        assert "Traceback" not in log
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
         ("EVAL", "return redis.call('SADD', KEYS[1], 'p0')", "1", RunKeys(RUN).done),
         ("EVAL", "return 1", "0"),
         ("SCRIPT", "LOAD", "return 1"),
@@ -254,9 +372,7 @@ def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp
     ids=lambda command: " ".join(command[:2]),
 )
 def test_a_worker_s_user_may_run_no_lua_of_its_own(head: RedisHead, command: tuple[str, ...]) -> None:
-    worker = client_of(head, "worker")
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        worker.execute_command(*command)
+    assert refused(client_of(head, WORKER), command)
 
 
 @pytest.mark.parametrize(
@@ -281,13 +397,11 @@ def test_a_worker_s_user_may_run_no_lua_of_its_own(head: RedisHead, command: tup
 def test_a_worker_s_user_cannot_mark_prompts_done_delete_queues_or_work_nor_lift_a_pause(
     head: RedisHead, command: tuple[str, ...]
 ) -> None:
-    worker = client_of(head, "worker")
-    with pytest.raises(redis.exceptions.NoPermissionError):
-        worker.execute_command(*command)
+    assert refused(client_of(head, WORKER), command)
 
 
 def test_a_worker_s_user_may_pause_a_run_but_not_change_its_pause(head: RedisHead) -> None:
-    worker, producer = client_of(head, "worker"), client_of(head, "producer")
+    worker, producer = client_of(head, WORKER), client_of(head, "producer")
     run = "paused-by-a-gpu-node"
     assert pause(producer, run, "by hand")
 
@@ -300,12 +414,12 @@ def test_a_worker_s_user_may_pause_a_run_but_not_change_its_pause(head: RedisHea
 def test_a_client_that_does_not_check_the_server_s_certificate_against_the_ca_is_refused(
     head: RedisHead,
 ) -> None:
-    url = head.urls["worker"].split("&ssl_ca_certs=")[0]  # the system's CAs: ours is not among them
+    url = head.urls[WORKER].split("&ssl_ca_certs=")[0]  # the system's CAs: ours is not among them
     with pytest.raises(redis.exceptions.ConnectionError, match="certificate verify failed"):
         redis.Redis.from_url(url).ping()
 
 
 def test_the_default_user_is_off(head: RedisHead) -> None:
-    url = head.urls["worker"].replace("worker:", ":", 1)  # the worker's password, as the default user
+    url = head.urls[WORKER].replace(f"{WORKER}:", ":", 1)  # the worker's password, as the default user
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis.from_url(url).ping()

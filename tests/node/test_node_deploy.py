@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -13,11 +14,13 @@ import pytest
 
 from inference.exit_codes import EXIT_OK
 from inference.node.cli import register
+from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 UNITS = DEPLOY / "systemd"
 ENV_FILE = "/etc/draftgen/draftgen.env"
 SCRIPT_TIMEOUT_S = 60
+BAD_USAGE = 2  # the exit code of a shell script given a wrong option or file
 
 
 def unit(name: str) -> dict[str, list[str]]:
@@ -54,18 +57,22 @@ def test_every_unit_reads_the_shared_env_file_and_comes_back_after_a_failure(nam
 
 
 @pytest.mark.parametrize(
-    ("name", "role"),
+    ("name", "user"),
     [
-        ("draftgen-generate@.service", "worker"),
+        ("draftgen-generate@.service", "worker-%H"),  # its own node's user: %H is the host name
         ("draftgen-uploader.service", "uploader"),
         ("draftgen-flower.service", "flower"),
     ],
 )
-def test_a_unit_that_talks_to_redis_reads_its_roles_url_last_when_the_file_is_there(
-    name: str, role: str
+def test_a_unit_that_talks_to_redis_reads_its_users_url_last_when_the_file_is_there(
+    name: str, user: str
 ) -> None:
     # the '-' lets the unit start without it (a single node's Redis without users)
-    assert unit(name)["EnvironmentFile"] == [ENV_FILE, f"-/etc/draftgen/redis-{role}.env"]
+    assert unit(name)["EnvironmentFile"] == [ENV_FILE, f"-/etc/draftgen/redis-{user}.env"]
+
+
+def test_a_worker_refused_its_seat_by_redis_is_not_restarted_by_systemd() -> None:
+    assert unit("draftgen-generate@.service")["RestartPreventExitStatus"] == [str(EXIT_SEAT_REFUSED)]
 
 
 def test_the_server_unit_runs_serve_for_its_gpu_with_arguments_serve_accepts(
@@ -135,6 +142,38 @@ def test_the_bootstrap_dry_run_shows_every_change_and_makes_none() -> None:
     assert "draftgen-sglang@2" not in enable
     assert "draftgen-flower" not in enable
     assert any(line.startswith("+ runuser -u draftgen") and "inference" in line for line in changes)
+
+
+def bootstrap_dry_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DEPLOY / "bootstrap-node.sh", "--gpus", "1", *args, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+
+
+def redis_env_file(folder: Path, user: str) -> Path:
+    """An env file as deploy/redis-credentials.sh writes it for `user`."""
+    path = folder / f"redis-{user}.env"
+    path.write_text(f'DRAFTGEN_REDIS_URL="rediss://{user}:secret@head.example.internal:6380/0"\n')
+    return path
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
+def test_the_bootstrap_installs_the_node_s_own_redis_env_file_under_its_host_name(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    result = bootstrap_dry_run("--redis-env", str(redis_env_file(tmp_path, f"worker-{host}")))
+    assert result.returncode == 0, result.stderr
+    assert f"/etc/draftgen/redis-worker-{host}.env" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
+def test_the_bootstrap_refuses_another_node_s_redis_env_file_in_one_line(tmp_path: Path) -> None:
+    result = bootstrap_dry_run("--redis-env", str(redis_env_file(tmp_path, "worker-another-node")))
+    assert result.returncode == BAD_USAGE
+    [line] = result.stderr.splitlines()
+    assert "is not this node's" in line and f"worker-{socket.gethostname()}" in line
 
 
 def test_the_bootstrap_refuses_a_bad_gpu_count() -> None:

@@ -1,5 +1,6 @@
 """The head node's Redis as deploy/multi-node.md (section 1) configures it, on 127.0.0.1: TLS only, a test
-CA, and the ACL users of deploy/redis-users.acl with credentials from deploy/redis-credentials.sh."""
+CA, and the ACL users of deploy/redis-users.acl with credentials from deploy/redis-credentials.sh: one per
+role, and one per GPU node (GPU_NODES, the hosts the tests' generate workers label themselves with)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ from tests.support.stack import Stack
 from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
 
 CREDENTIALS_SCRIPT = PROJECT_ROOT / "deploy" / "redis-credentials.sh"
-ROLES = ("admin", "producer", "worker", "uploader", "flower")
+ROLES = ("admin", "producer", "uploader", "flower")
+GPU_NODES = ("node-a", "node-b.example.internal")  # a short host name, and one with dots
+NODE_USER_PREFIX = "worker-"
 ENV_VARIABLE = "DRAFTGEN_REDIS_URL"
+
+
+def node_user(host: str) -> str:
+    """The Redis user of the GPU node whose workers label themselves `<host>/gpuN`."""
+    return NODE_USER_PREFIX + host
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
             str(certificates.ca_cert),
             "--redis-user",
             getpass.getuser(),
+            *(option for host in GPU_NODES for option in ("--gpu-node", host)),
         ],
         check=True,
         capture_output=True,
@@ -79,21 +88,29 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
     config = head_config(root, tls_port, certificates, etc / "redis-users.acl")
     process = ManagedProcess("redis-head", ["redis-server", str(config)], log_dir / "redis-head.log").start()
     process.wait_for_log("Ready to accept connections")
-    return RedisHead(process, {role: url_in_env_file(etc / f"redis-{role}.env") for role in ROLES})
+    users = [*ROLES, *(node_user(host) for host in GPU_NODES)]
+    return RedisHead(process, {user: url_in_env_file(etc / f"redis-{user}.env") for user in users})
 
 
 @dataclass
 class RoleStack(Stack):
     """A Stack whose generate workers and uploader each connect as their own Redis user
     (`redis_url`, used by the producer commands and the waits, is the producer's), with mingle and gossip
-    on as under the systemd units."""
+    on as under the systemd units. The generate workers run as GPU node `worker_host`'s user and label
+    themselves with that host."""
 
     worker_url: str = ""
+    worker_host: str = ""
     uploader_url: str = ""
 
     def start_generator(self, gpu: int) -> ManagedProcess:
         sim = self.sims[gpu]
-        env = self.env(**{ENV_VARIABLE: self.worker_url}, DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu))
+        env = self.env(
+            **{ENV_VARIABLE: self.worker_url},
+            DRAFTGEN_SERVER_URL=sim.url,
+            DRAFTGEN_GPU=str(gpu),
+            DRAFTGEN_HOSTNAME=self.worker_host,
+        )
         name = f"gen{gpu}-{len(self.generators)}"
         worker = start_celery_worker(name, "generate", env, self.log_dir, mingle_and_gossip=True)
         self.generators.append(worker)

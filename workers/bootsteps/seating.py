@@ -4,21 +4,27 @@ Run from Celery's `worker_init` signal, once the worker knows its queues and bef
 a worker consuming the generate queue takes its GPU label's seat, then takes back at once the leases a
 dead predecessor held under that label (a worker restarted after a SIGKILL or an OOM kill finds its own
 batches again in seconds, not when their leases run out). A seat held by a live process stops this
-worker before it takes anything: it exits with EXIT_SEAT_HELD and says which label and why.
+worker before it takes anything: it exits with EXIT_SEAT_HELD and says which label and why. A seat its
+Redis user may not hold (another GPU node's user, or a label whose host is not the one its user was made
+for) stops it too, with EXIT_SEAT_REFUSED, which systemd does not restart: no restart can mend it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from urllib.parse import urlsplit
 
 from workers.context import WorkerContext
-from workers.errors import FunctionsMissing, SeatHeld
+from workers.errors import FunctionsMissing, SeatHeld, SeatRefused
 from workers.recovery.reconciler import Reconciler
 from workers.state.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
 EXIT_SEAT_HELD = 3  # not 0 (systemd and honcho must see it failed), not 1 (Celery's own errors)
+EXIT_SEAT_REFUSED = os.EX_NOPERM  # 77: RestartPreventExitStatus of deploy/systemd/draftgen-generate@.service
+NODE_ENV_FILE = "/etc/draftgen/redis-worker-{host}.env"  # deploy/redis-credentials.sh --gpu-node <host>
 
 
 def seat_generate_worker(context: WorkerContext, dispatcher: Dispatcher) -> None:
@@ -28,6 +34,9 @@ def seat_generate_worker(context: WorkerContext, dispatcher: Dispatcher) -> None
     except SeatHeld as error:
         log.error("this worker does not start: %s", error)
         raise SystemExit(EXIT_SEAT_HELD) from error
+    except SeatRefused as error:
+        log.error("this worker does not start: %s", seat_refused_reason(context, error))
+        raise SystemExit(EXIT_SEAT_REFUSED) from error
     reconciler = Reconciler(context.redis, dispatcher, context.settings.reconcile_settings())
     try:
         taken_back = reconciler.take_back_seat(taken, context.seat.label)
@@ -39,4 +48,15 @@ def seat_generate_worker(context: WorkerContext, dispatcher: Dispatcher) -> None
         context.seat.label,
         f" after {taken.previous[:8]}" if taken.previous else "",
         taken_back,
+    )
+
+
+def seat_refused_reason(context: WorkerContext, error: SeatRefused) -> str:
+    """One line: which user was refused which label, and which env file that host's workers need."""
+    host = context.settings.hostname
+    user = urlsplit(context.settings.redis_url).username or "default"
+    return (
+        f"{error}: Redis user {user!r} may hold only the seats of its own GPU node; a worker labelled "
+        f"{host!r} logs in with that host's user, from {NODE_ENV_FILE.format(host=host)} "
+        f"(deploy/redis-credentials.sh --gpu-node {host}), or set DRAFTGEN_HOSTNAME to its user's host"
     )

@@ -32,13 +32,16 @@ from dataclasses import dataclass
 import redis
 from redis.client import Pipeline, PubSub
 
-from workers.errors import SeatHeld
+from workers.errors import SeatHeld, SeatRefused
 from workers.periodic import PeriodicThread
 from workers.state.keys import seat_channel, seat_channel_prefix, seat_key
 
 log = logging.getLogger(__name__)
 
 SEAT_CHECK_S = 2.0  # how often the holder reads its subscription (re-subscribing after a Redis restart)
+# How long taking a seat waits for Redis's answer to SUBSCRIBE (milliseconds, normally): a refusal read
+# later would let the seat look held by its live holder, and the worker say the wrong reason.
+SUBSCRIBE_ANSWER_S = 5.0
 
 
 def stop_this_process(reason: str) -> None:
@@ -70,11 +73,17 @@ class Seat:
         self._keeper = PeriodicThread("draftgen-seat", SEAT_CHECK_S, self.check)
 
     def take(self) -> TakenSeat:
-        """Hold the seat, or raise SeatHeld when a live process holds it."""
+        """Hold the seat, or raise SeatHeld when a live process holds it, SeatRefused when this
+        process's Redis user may not hold it."""
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(seat_channel(self.label, self.token))
-        self._pubsub.get_message(timeout=0)  # reads the subscription's confirmation
-        taken, holder = self._client.transaction(self._take, seat_key(self.label), value_from_callable=True)
+        try:
+            self._pubsub.subscribe(seat_channel(self.label, self.token))
+            self._pubsub.get_message(timeout=SUBSCRIBE_ANSWER_S)  # its confirmation, or its refusal
+            watched = seat_key(self.label)
+            taken, holder = self._client.transaction(self._take, watched, value_from_callable=True)
+        except redis.exceptions.NoPermissionError as error:
+            self._close_subscription()
+            raise SeatRefused(f"Redis refused the seat of {self.label} (NOPERM: {error})") from error
         if not taken:
             self._close_subscription()
             raise SeatHeld(

@@ -1,0 +1,81 @@
+"""deploy/redis-credentials.sh: one Redis user per GPU node, rendered from the template's one node line, and
+clear one-line refusals of what cannot name a node."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SCRIPT = DEPLOY / "redis-credentials.sh"
+TEMPLATE = DEPLOY / "redis-users.acl"
+NODE_PLACEHOLDER = "@GPU_NODE@"
+PLACEHOLDER = re.compile(r"@[A-Z_]+@")
+SCRIPT_TIMEOUT_S = 60
+BAD_USAGE = 2
+
+
+def credentials(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SCRIPT, "--dir", str(folder), "--host", "head.example.internal", *args],
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_S,
+    )
+
+
+def acl_users(acl: Path) -> list[str]:
+    return [line.split()[1] for line in acl.read_text().splitlines() if line.startswith("user ")]
+
+
+def test_the_template_holds_one_line_for_every_gpu_node() -> None:
+    lines = [line for line in TEMPLATE.read_text().splitlines() if not line.startswith("#")]
+    assert len([line for line in lines if NODE_PLACEHOLDER in line]) == 1
+
+
+def test_each_gpu_node_of_the_list_gets_its_own_user_and_env_file_and_no_user_is_shared(
+    tmp_path: Path,
+) -> None:
+    nodes = tmp_path / "gpu-nodes"
+    nodes.write_text("# the fleet\ngpu1.example.internal\n\ngpu-2  # spare\n")
+
+    result = credentials(tmp_path / "etc", "--gpu-nodes", str(nodes), "--gpu-node", "gpu1.example.internal")
+
+    assert result.returncode == 0, result.stderr
+    etc = tmp_path / "etc"
+    users = acl_users(etc / "redis-users.acl")
+    assert [user for user in users if user.startswith("worker")] == [
+        "worker-gpu1.example.internal",
+        "worker-gpu-2",
+    ]
+    env = (etc / "redis-worker-gpu-2.env").read_text()
+    assert env.startswith('DRAFTGEN_REDIS_URL="rediss://worker-gpu-2:')
+    assert not (etc / "redis-worker.env").exists()
+    acl = (etc / "redis-users.acl").read_text()
+    assert "~draftgen:seats:gpu-2/*" in acl and "~draftgen:seats:*" not in acl
+    assert PLACEHOLDER.search(acl) is None  # every hash and host filled in
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ((), "name the GPU nodes"),
+        (("--gpu-node", "gpu*"), "is no host name"),  # a pattern would reach every node's keys
+        (("--gpu-node", "gpu1/gpu0"), "is no host name"),
+        (("--gpu-nodes", "/no/such/list"), "no such readable file"),
+        (("--gpu-node",), "needs a host name"),
+    ],
+    ids=["none", "a pattern", "a label", "a missing list", "no name"],
+)
+def test_the_script_refuses_what_names_no_gpu_node_in_one_line_and_writes_nothing(
+    tmp_path: Path, args: tuple[str, ...], said: str
+) -> None:
+    result = credentials(tmp_path / "etc", *args)
+
+    assert result.returncode == BAD_USAGE
+    [line] = result.stderr.splitlines()
+    assert said in line
+    assert not (tmp_path / "etc" / "redis-users.acl").exists()
