@@ -98,7 +98,9 @@ def _restore_records(
     report.rejected_rows = len(rejections)
 
 
-def _restore_enqueued(client: redis.Redis, keys: RunKeys, store: ObjectStore, report: RecoverReport) -> None:
+def _restore_enqueued(
+    client: redis.Redis, keys: RunKeys, holding: _IdHolding, store: ObjectStore, report: RecoverReport
+) -> None:
     """Every id an enqueue claimed, each with its holder from its latest enqueue (an explicit id's
     fingerprint, or the enqueue's number), unless Redis holds it (then as recent); the enqueues' notes
     when Redis holds none. Conflicts are then told and named as before the loss."""
@@ -112,22 +114,31 @@ def _restore_enqueued(client: redis.Redis, keys: RunKeys, store: ObjectStore, re
             known = Fingerprint.decode(encoded.encode()) is not None
             holder = (chunk.enqueue_number, encoded if known else str(chunk.enqueue_number))
             latest[prompt_id] = max(latest.get(prompt_id, holder), holder)
-    _hold(client, keys, {prompt_id: holder for prompt_id, (_n, holder) in latest.items()})
+    holding.hold({prompt_id: holder for prompt_id, (_n, holder) in latest.items()})
     report.enqueued = len(latest)
     report.fingerprints = sum(1 for _n, holder in latest.values() if not holder.isdigit())
     _restore_notes(client, keys, notes)
 
 
-def _hold(client: redis.Redis, keys: RunKeys, holders: dict[str, str]) -> None:
-    """Ids into the run's buckets, each with its holder (an explicit id's file by number)."""
-    ledger, files = RunLedger(client, keys.run), FileNumbers(client, keys, Scripts.register(client))
-    items = sorted(holders.items())
-    for start in range(0, len(items), IDS_PER_COMMAND):
-        ids, named = zip(*items[start : start + IDS_PER_COMMAND], strict=True)
-        ledger.hold_ids(dict(zip(ids, files.numbered(list(named)), strict=True)))
+@dataclass(frozen=True)
+class _IdHolding:
+    """Puts ids into the run's buckets, each with its holder (an explicit id's file by number)."""
+
+    ledger: RunLedger
+    files: FileNumbers
+
+    @classmethod
+    def of(cls, client: redis.Redis, keys: RunKeys) -> _IdHolding:
+        return cls(RunLedger(client, keys.run), FileNumbers(client, keys, Scripts.register(client)))
+
+    def hold(self, holders: dict[str, str]) -> None:
+        items = sorted(holders.items())
+        for start in range(0, len(items), IDS_PER_COMMAND):
+            ids, named = zip(*items[start : start + IDS_PER_COMMAND], strict=True)
+            self.ledger.hold_ids(dict(zip(ids, self.files.numbered(list(named)), strict=True)))
 
 
-def _move_legacy_ids(client: redis.Redis, keys: RunKeys) -> None:
+def _move_legacy_ids(client: redis.Redis, keys: RunKeys, holding: _IdHolding) -> None:
     """A run enqueued by draftgen 0.1.0 kept its ids in one set and the fingerprints of explicit ids in
     hashes of the same buckets: both move to the id buckets, and the old keys go."""
     if not client.exists(keys.legacy_enqueued):
@@ -138,10 +149,8 @@ def _move_legacy_ids(client: redis.Redis, keys: RunKeys) -> None:
             for prompt_id in ids:
                 pipe.hget(f"{keys.legacy_fingerprints_prefix}{id_bucket(prompt_id)}", prompt_id)
             found = pipe.execute()
-        _hold(
-            client,
-            keys,
-            {prompt_id: (raw or LEGACY_HOLDER).decode() for prompt_id, raw in zip(ids, found, strict=True)},
+        holding.hold(
+            {prompt_id: (raw or LEGACY_HOLDER).decode() for prompt_id, raw in zip(ids, found, strict=True)}
         )
     with client.pipeline(transaction=False) as pipe:
         pipe.unlink(keys.legacy_enqueued)
@@ -176,9 +185,12 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
             "Redis pins other settings than the output's run.json:\n  " + "\n  ".join(changed)
         )
     client.sadd(RUNS_KEY, run)
-    _move_legacy_ids(client, keys)
-    _restore_enqueued(client, keys, store, report)  # first: a committed id then keeps its enqueue's holder
-    ledger = RunLedger(client, run)
+    holding = _IdHolding.of(client, keys)
+    _move_legacy_ids(client, keys, holding)
+    _restore_enqueued(
+        client, keys, holding, store, report
+    )  # first: a committed id then keeps its enqueue's holder
+    ledger = holding.ledger
     committed = read_committed(store)
     entries = committed.entries
     ids = list(committed.completed)

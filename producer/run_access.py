@@ -33,7 +33,10 @@ def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis
 
 def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
     keys = RunKeys(run)
-    raw, legacy = client.get(keys.settings), client.exists(keys.legacy_enqueued)
+    with client.pipeline(transaction=False) as pipe:
+        pipe.get(keys.settings)
+        pipe.exists(keys.legacy_enqueued)
+        raw, legacy = pipe.execute()
     if raw is None:
         return None
     if legacy:
