@@ -13,7 +13,7 @@ from inference.records import Turns
 from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error, lower_errors
-from producer.settings import ProducerSettings
+from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS, ProducerSettings
 from workers.state.runs import TruncationPolicy
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="reject rows longer than this (default: what the longest context leaves beside max_tokens, "
         "8 bytes a token: 8 MB at 32768); not pinned",
+    )
+    enqueue.add_argument(
+        "--processes",
+        type=_positive_int,
+        help="processes that classify, claim and publish, each on its own ids (default: one per core once "
+        f"the input holds over {PROCESSES_MIN_ROWS:,} rows, at most {MAX_ENQUEUE_PROCESSES}); not pinned",
     )
     _add_sampling_options(enqueue)
     enqueue.set_defaults(handler=Deferred("producer.enqueue_command", "cmd_enqueue"))

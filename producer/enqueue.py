@@ -21,6 +21,7 @@ only and the report counts exactly what was enqueued; running the same command a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -63,6 +64,18 @@ MS_PER_S = 1000
 MAX_REJECTIONS_SHOWN = 20
 CHUNKS_PUBLISHING = 4  # chunks stored but still being published, at most: memory stays flat
 CHUNKS_STORING = 1  # chunks read and waiting for the store thread, at most, beside the one it stores
+
+
+@dataclass(frozen=True)
+class EnqueueSession:
+    """One enqueue as its processes share it: the token of the run's enqueue lease it holds, its number
+    among the run's enqueues and its note, and whether it batches again what the run holds but no batch
+    carries (judged once, when it opened)."""
+
+    token: str
+    number: int
+    note: EnqueueNote
+    requeue_orphans: bool
 
 
 @dataclass
@@ -152,6 +165,16 @@ class Enqueuer:
         self._own_note = EnqueueNote(source=source, at=0.0)
         self._notes: dict[int, str] = {}
 
+    @property
+    def session(self) -> EnqueueSession:
+        """What another process needs to enqueue a part of this input as this enqueue (see `open`)."""
+        return EnqueueSession(
+            token=self.session_id,
+            number=self.enqueue_number,
+            note=self._own_note,
+            requeue_orphans=self._requeue_orphans,
+        )
+
     def _new_batch_id(self) -> str:
         return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
 
@@ -191,28 +214,60 @@ class Enqueuer:
         Ctrl-C ends it at a chunk boundary with `report.interrupted` set (see the module docstring).
         Raises EnqueueBusy when another enqueue of the run holds its lease, or took it over."""
         report = EnqueueReport()
+        with self.holding_lease():
+            try:
+                report.republished_batches = self.open()
+                self._enqueue_chunks(_chunks(items, self.chunk_rows), report)
+            except KeyboardInterrupt:
+                report.interrupted = True
+        return report
+
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per chunk: one Redis round trip each to classify and to claim."""
+        return self.settings.batch_size * BATCHES_PER_CHUNK
+
+    @contextlib.contextmanager
+    def holding_lease(self) -> Iterator[None]:
+        """Hold the run's enqueue lease, renewed, until the block ends; EnqueueBusy when another enqueue
+        holds it."""
         self._take_lease()
         renewer = PeriodicThread("draftgen-enqueue-lease", ENQUEUE_RENEW_S, self._renew_lease)
         renewer.start()
         try:
-            # With no batch open, nothing carries a prompt the run holds but has not finished: it was
-            # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
-            # such prompt is in one of them.
-            self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
-            report.republished_batches = republish_outbox(self.client, self.settings.run, self.publish)
-            self._own_note = EnqueueNote(source=self.source, at=time.time())
-            self.enqueue_number = int(
-                self.client.rpush(self.keys.enqueues, msgspec.json.encode(self._own_note))
-            )
-            self._enqueue_chunks(items, report)
-        except KeyboardInterrupt:
-            report.interrupted = True
+            yield
         finally:
             renewer.stop()
             self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
+
+    def open(self) -> int:
+        """Under the lease: note this enqueue in the run (its number), judge whether prompts the run holds
+        but no batch carries are batched again, and publish what a crashed enqueue left in the outbox
+        (returns how many batches)."""
+        # With no batch open, nothing carries a prompt the run holds but has not finished: it was
+        # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
+        # such prompt is in one of them.
+        self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
+        republished = republish_outbox(self.client, self.settings.run, self.publish)
+        self._own_note = EnqueueNote(source=self.source, at=time.time())
+        self.enqueue_number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(self._own_note)))
+        return republished
+
+    def enqueue_part(
+        self, session: EnqueueSession, chunks: Iterable[list[Prompt | RejectedRow]]
+    ) -> EnqueueReport:
+        """Enqueue chunks of an input as part of the enqueue `session` opened (in another process, which
+        holds its lease): every id of the input that this part holds must come to it alone, so that no
+        other part classifies or claims it meanwhile (producer/enqueue_processes.py)."""
+        self.session_id = session.token
+        self.enqueue_number = session.number
+        self._own_note = session.note
+        self._requeue_orphans = session.requeue_orphans
+        report = EnqueueReport()
+        self._enqueue_chunks(chunks, report)
         return report
 
-    def _enqueue_chunks(self, items: Iterable[Prompt | RejectedRow], report: EnqueueReport) -> None:
+    def _enqueue_chunks(self, chunks: Iterable[list[Prompt | RejectedRow]], report: EnqueueReport) -> None:
         """Chunks are stored one after the other, in order, on a thread of their own while the next chunk is
         read (waiting for Redis overlaps parsing), and each is published as soon as it is stored, while
         both go on. On Ctrl-C, the chunk being stored finishes, and so do the chunks' publishing."""
@@ -231,7 +286,7 @@ class Enqueuer:
                     published.popleft().result()
 
             try:
-                for chunk in _chunks(items, self.settings.batch_size * BATCHES_PER_CHUNK):
+                for chunk in chunks:
                     stored.append(storing.submit(self._store_then_publish, chunk, report, publishing))
                     settle(wait=False)
             finally:

@@ -176,6 +176,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
     from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
+    from producer.enqueue_processes import PartSpec, enqueue_in_parts, parts_for
     from producer.publisher import BatchPublisher
     from workers.recovery.reconciler import Reconciler, ReconcileSettings
     from workers.state.dispatch import CeleryDispatcher
@@ -184,6 +185,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     prompts = iter_prompts(args.data, turns=given.turns, limits=limits, fields=row_fields_of(given))
     rows = ProgressLines(f"read rows of {args.data}").counted(prompts)
     items = _with_first_prompt(rows, args.data)  # a missing, empty or all-rejected input fails here
+    items, parts = parts_for(items, args.processes)
     store = checked_output_store(given.output_url)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
@@ -192,11 +194,24 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     app = sending_app(worker_settings.broker)
     publisher = BatchPublisher(app)
     try:
-        report = Enqueuer(client, pinned, publisher, source=args.data, store=store).enqueue(items)
+        enqueuer = Enqueuer(client, pinned, publisher, source=args.data, store=store)
+        if parts == 1:
+            report = enqueuer.enqueue(items)
+        else:
+            spec = PartSpec(
+                redis_url=worker_settings.redis_url,
+                broker=worker_settings.broker,
+                settings=pinned,
+                source=args.data,
+                output_url=store.url,
+            )
+            report = enqueue_in_parts(enqueuer, items, spec, parts)
     finally:
         publisher.close()
     print(f"run {run}: output {pinned.output_url}")
     _print_enqueue_report(report)
+    if parts > 1:
+        print(f"processes           {parts} (each classified, claimed and published its share of the ids)")
     _warn_when_most_rows_rejected(report, run)
     if report.interrupted:
         print(

@@ -12,6 +12,13 @@ from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX, check_environment
 
 DEFAULT_OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
 REDIS_URL_ENV = ENV_PREFIX + "REDIS_URL"
+MAX_ENQUEUE_PROCESSES = 16  # each holds its own Redis and broker connections
+PROCESSES_MIN_ROWS = 20_000  # a smaller input enqueues in one process sooner than processes start
+
+
+def default_enqueue_processes() -> int:
+    """One enqueue process per core this process may use, at most MAX_ENQUEUE_PROCESSES."""
+    return min(len(os.sched_getaffinity(0)), MAX_ENQUEUE_PROCESSES)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,9 @@ import redis
 
 from devstack.local_stack import wait_until
 from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from inference.records import Prompt, PromptBatch
 from producer.cli import main
+from producer.enqueue_processes import part_of
 from producer.errors import S3_HINT
 from tests.support.bad_inputs import (
     BROKEN,
@@ -52,6 +55,7 @@ from tests.support.bad_inputs import (
     run_in_subprocess,
     write_inputs,
 )
+from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
 
@@ -640,54 +644,71 @@ def test_a_bad_input_gets_a_clear_answer_and_nothing_is_lost(
 FIFO_ROWS_WRITTEN = 200
 FIFO_BATCH_SIZE = 2
 CHUNK_PROMPTS = FIFO_BATCH_SIZE * 32  # producer.enqueue.BATCHES_PER_CHUNK batches per chunk
-WHOLE_CHUNKS = FIFO_ROWS_WRITTEN // CHUNK_PROMPTS * CHUNK_PROMPTS  # enqueued before it blocks reading
 ALL_ROWS = 300
 WAIT_S = 30.0
 
 
+def whole_chunks(processes: int) -> int:
+    """The prompts enqueued before it blocks reading: each process's share of the rows written, in whole
+    chunks (a part of a chunk waits in the reading process)."""
+    shares = Counter(
+        part_of(Prompt(id=str(row["id"]), messages=[]), processes) for row in rows(FIFO_ROWS_WRITTEN)
+    )
+    return sum(share // CHUNK_PROMPTS * CHUNK_PROMPTS for share in shares.values())
+
+
+@pytest.mark.parametrize("processes", [1, 3], ids=["one-process", "three-processes"])
 def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_the_rest(
-    world: World,
+    world: World, processes: int
 ) -> None:
     # Given an enqueue reading a pipe, which has stored every whole chunk written and waits for more
     pipe = world.tmp / "stream.jsonl"
     os.mkfifo(pipe)
     command = [sys.executable, "-m", "producer", "--redis-url", world.redis_url, "enqueue", str(pipe)]
     command += ["--run", RUN, "--output", str(world.tmp / "out"), "--batch-size", str(FIFO_BATCH_SIZE)]
+    command += ["--processes", str(processes)]
+    enqueued = whole_chunks(processes)
+    assert enqueued > 0
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DRAFTGEN_")},
         "PYTHONPATH": str(REPOSITORY_ROOT),
     }
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     keys = RunKeys(RUN)
     with pipe.open("w") as writer:
         writer.write("".join(json.dumps(row) + "\n" for row in rows(FIFO_ROWS_WRITTEN)))
         writer.flush()
         wait_until(
             lambda: (
-                RunLedger(world.client, keys.run).counts().enqueued == WHOLE_CHUNKS
+                RunLedger(world.client, keys.run).counts().enqueued == enqueued
                 and world.client.scard(keys.unpublished) == 0
             ),
             timeout_s=WAIT_S,
             what="the whole chunks to be enqueued and published",
         )
         time.sleep(0.2)  # it is blocked reading the next rows
-        # When Ctrl-C reaches it
-        process.send_signal(signal.SIGINT)
+        # When Ctrl-C reaches it, and every process it started (a terminal signals the whole group)
+        os.killpg(process.pid, signal.SIGINT)
         stdout, stderr = process.communicate(timeout=WAIT_S)
     # Then it exits 130 with the summary of what it enqueued, whole batches only, all published
     assert process.returncode == EXIT_INTERRUPTED, stderr
     assert "Traceback" not in stderr
-    assert (
-        f"new                 {WHOLE_CHUNKS} prompts in {WHOLE_CHUNKS // FIFO_BATCH_SIZE} batches" in stdout
-    )
+    assert f"new                 {enqueued} prompts in {enqueued // FIFO_BATCH_SIZE} batches" in stdout
     assert "interrupted" in stderr and "run the same command again to add the rest" in stderr
-    assert RunLedger(world.client, keys.run).counts().enqueued == WHOLE_CHUNKS
+    assert RunLedger(world.client, keys.run).counts().enqueued == enqueued
     assert world.client.scard(keys.unpublished) == 0
-    assert world.client.zcard(keys.open_batches) == WHOLE_CHUNKS // FIFO_BATCH_SIZE
+    assert world.client.zcard(keys.open_batches) == enqueued // FIFO_BATCH_SIZE
     assert world.client.exists(keys.enqueue_lock) == 0  # the next enqueue need not wait
     # And running it again on the whole input adds only the rest
     (world.tmp / "all.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(ALL_ROWS)))
     again = main(["--redis-url", world.redis_url, "enqueue", str(world.tmp / "all.jsonl"), "--run", RUN])
     assert again == EXIT_OK
     assert RunLedger(world.client, keys.run).counts().enqueued == ALL_ROWS
-    assert world.client.zcard(keys.open_batches) == ALL_ROWS // FIFO_BATCH_SIZE
+    batched = Counter(
+        prompt.id
+        for key in world.client.scan_iter(f"{keys.batches_prefix}*")
+        for prompt in decode_blob(world.client.get(key), PromptBatch).prompts
+    )
+    assert batched == Counter(str(row["id"]) for row in rows(ALL_ROWS))  # each in one batch

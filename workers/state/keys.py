@@ -253,4 +253,3 @@ class RunKeys:
     def enqueues(self) -> str:
         """List of notes (JSON: source, at), one per `enqueue` of the run; enqueue N is item N-1."""
         return self._key("enqueues")
-

@@ -1,0 +1,60 @@
+"""Dealing one enqueue's rows to processes: how many, which part each row goes to, one report of all."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from inference.records import Message, Prompt
+from intake.rejected import RejectedRow
+from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport
+from producer.enqueue_processes import merged, part_of, parts_for
+from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
+
+
+def prompts(count: int) -> Iterator[Prompt | RejectedRow]:
+    return (
+        Prompt(id=f"p{i}", messages=[Message(role="user", content="hi")], row=i + 1) for i in range(count)
+    )
+
+
+def test_a_small_input_is_enqueued_in_one_process_and_loses_no_row_to_the_look_ahead() -> None:
+    items, parts = parts_for(prompts(PROCESSES_MIN_ROWS), None)
+    assert parts == 1
+    assert len(list(items)) == PROCESSES_MIN_ROWS
+
+
+def test_a_large_input_is_enqueued_in_one_process_per_core_with_every_row_in_order() -> None:
+    items, parts = parts_for(prompts(PROCESSES_MIN_ROWS + 5), None)
+    assert parts == default_enqueue_processes()
+    assert [item.row for item in items] == list(range(1, PROCESSES_MIN_ROWS + 6))
+
+
+def test_processes_asked_for_are_used_without_reading_ahead() -> None:
+    source = prompts(10)
+    items, parts = parts_for(source, 3)
+    assert parts == 3
+    assert items is source
+
+
+def test_every_row_of_an_id_goes_to_the_same_part_and_the_parts_share_the_ids() -> None:
+    parts = 4
+    chosen = [part_of(Prompt(id=f"id-{i}", messages=[], row=i), parts) for i in range(2000)]
+    again = [part_of(Prompt(id=f"id-{i}", messages=[], row=9999), parts) for i in range(2000)]
+    assert chosen == again
+    assert sorted(set(chosen)) == [0, 1, 2, 3]
+    assert min(chosen.count(part) for part in range(parts)) > 2000 / parts / 2
+
+
+def test_the_merged_report_adds_the_counts_and_shows_the_inputs_first_rejections_in_order() -> None:
+    def rejected(rows: range) -> list[RejectedRow]:
+        return [RejectedRow(row=row, reason="no prompt") for row in rows]
+
+    first = EnqueueReport(
+        new=5, rejected=rejected(range(2, 2 * MAX_REJECTIONS_SHOWN + 2, 2)), rejected_count=30
+    )
+    second = EnqueueReport(
+        new=7, batches=2, rejected=rejected(range(1, 2 * MAX_REJECTIONS_SHOWN + 1, 2)), rejected_count=25
+    )
+    report = merged([first, second])
+    assert (report.new, report.batches, report.rejected_count) == (12, 2, 55)
+    assert [row.row for row in report.rejected] == list(range(1, MAX_REJECTIONS_SHOWN + 1))
