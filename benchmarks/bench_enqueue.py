@@ -1,11 +1,13 @@
 """Enqueue throughput and footprint: 1M prompts, streamed, into a fresh redis-server.
 
 Reports wall time (the first enqueue and a re-run over the same rows, which finds them all there, side by
-side), the producer's peak memory at 100k and at the full count (flat means streamed),
+side) for each `--processes` value compared (one process, and the default: one per core), the producer's
+peak memory at 100k and at the full count, of its largest process and of all (flat means streamed),
 and Redis memory per queued prompt against the prompt's raw size (batches are stored compressed), with
 where it goes: the batches, the run's ids (with the fingerprints of explicit ids), the queue's messages.
 
     .venv/bin/python benchmarks/bench_enqueue.py [--rows 1000000] [--long-prompts] [--from s3-parquet]
+        [--processes 1,default]
 
 `--from s3-parquet` writes the same rows as Parquet shards of SHARD_ROWS each into an S3 endpoint
 (moto's server, over HTTP) and enqueues the prefix `s3://bench/prompts/` instead of a local JSONL file.
@@ -15,7 +17,8 @@ per-prompt overhead. `--long-prompts` draws 100-600 words from 5,000 made-up wor
 compressible as prose), the size of a reasoning dataset's problem statements: Redis then holds mostly
 the compressed text.
 
-Last line: enqueue_1m_s=<seconds for the full count, scaled to 1M rows if --rows differs>.
+Last lines, one per --processes value: processes=<value> enqueue_1m_s=<seconds for the full count, scaled
+to 1M rows if --rows differs> rerun_1m_s=<the same for the re-run>.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ import json
 import logging
 import os
 import random
-import re
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -65,7 +70,10 @@ WORDS = (
     "with",
     "code",
 )
-TIME_BIN = "/usr/bin/time"
+RSS_SAMPLE_S = 0.2
+STAT_UTIME, STAT_STIME = 11, 12  # in /proc/<pid>/stat after the name
+HEAD_NODE_CORES = 8
+KIB_PER_MIB = 1024
 SOURCES = ("jsonl", "s3-parquet")
 BUCKET = "bench"
 PREFIX = "prompts/"
@@ -78,6 +86,7 @@ FAKE_AWS_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 ERROR_TAIL_CHARS = 3000
+DEFAULT_PROCESSES = "default"  # no --processes: what users run (one process per core above 20,000 rows)
 SHORT_PROMPT_WORDS = (15, 45)
 LONG_PROMPT_WORDS = (100, 600)
 LONG_VOCABULARY_WORDS = 5000
@@ -132,9 +141,14 @@ def write_parquet_shards(s3: Any, prefix: str, rows: int, long_prompts: bool) ->
 
 
 def enqueue(
-    data: str, redis_url: str, run: str, output: Path, env: dict[str, str] | None = None
-) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB) of `python -m producer enqueue`."""
+    data: str,
+    redis_url: str,
+    run: str,
+    output: Path,
+    env: dict[str, str] | None = None,
+    processes: str = DEFAULT_PROCESSES,
+) -> Enqueued:
+    """How `python -m producer enqueue` went, with `--processes` unless the default is asked for."""
     command = [
         sys.executable,
         "-m",
@@ -148,18 +162,130 @@ def enqueue(
         "--output",
         str(output / run),  # an output belongs to one run
     ]
-    if Path(TIME_BIN).exists():
-        command = [TIME_BIN, "-v", *command]
+    if processes != DEFAULT_PROCESSES:
+        command += ["--processes", processes]
+    redis_cpu_before = redis_cpu_s(redis_url)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    result = subprocess.run(
-        command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=False, env=env or os.environ.copy()
+    process = subprocess.Popen(
+        command,
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or os.environ.copy(),
     )
-    if result.returncode != 0:
-        said = result.stderr[-ERROR_TAIL_CHARS:]
-        raise SystemExit(f"enqueue of {data} exited {result.returncode}:\n{said}")
+    peak = PeakMemory(process.pid)
+    peak.start()
+    _, stderr = process.communicate()
     elapsed = time.monotonic() - started
-    match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", result.stderr)
-    return elapsed, int(match.group(1)) if match else 0
+    peak.stop()
+    if process.returncode != 0:
+        raise SystemExit(f"enqueue of {data} exited {process.returncode}:\n{stderr[-ERROR_TAIL_CHARS:]}")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    all_cpu_s = (children.ru_utime - children_before.ru_utime) + (
+        children.ru_stime - children_before.ru_stime
+    )
+    return Enqueued(
+        wall_s=elapsed,
+        largest_kib=peak.largest_kib,
+        all_kib=peak.all_kib,
+        reader_cpu_s=peak.root_cpu_s,
+        all_cpu_s=all_cpu_s,
+        redis_cpu_s=redis_cpu_s(redis_url) - redis_cpu_before,
+    )
+
+
+def redis_cpu_s(redis_url: str) -> float:
+    """The CPU seconds redis-server has used (user and system)."""
+    cpu = redis.Redis.from_url(redis_url).info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU seconds a process has used (its own, not its children's)."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[STAT_UTIME]) + int(fields[STAT_STIME])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """One enqueue's wall time, and its peak resident memory (of its largest process, of all together)."""
+
+    wall_s: float
+    largest_kib: int
+    all_kib: int
+    reader_cpu_s: float  # the process that reads and deals the rows (all the work, in one process)
+    all_cpu_s: float  # it and its parts
+    redis_cpu_s: float
+
+    def cpu(self) -> str:
+        parts = self.all_cpu_s - self.reader_cpu_s
+        reading = f"reading process {self.reader_cpu_s:.1f} s"
+        return f"CPU: {reading}, parts {parts:.1f} s, Redis {self.redis_cpu_s:.1f} s"
+
+    def floor_s(self, cores: int) -> float:
+        """The wall time these CPU seconds need at least on `cores` cores: the reading process and Redis
+        each use one, the parts share the rest."""
+        everything = self.all_cpu_s + self.redis_cpu_s
+        return max(self.reader_cpu_s, self.redis_cpu_s, everything / cores)
+
+    def memory(self) -> str:
+        return (
+            f"peak RSS {self.largest_kib / KIB_PER_MIB:.0f} MiB, "
+            f"{self.all_kib / KIB_PER_MIB:.0f} MiB all processes"
+        )
+
+
+class PeakMemory:
+    """The peak resident memory of a process and its children, sampled every RSS_SAMPLE_S: of the
+    largest process, and of all together."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self.largest_kib = 0
+        self.all_kib = 0
+        self.root_cpu_s = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stopped.wait(RSS_SAMPLE_S):
+            self.root_cpu_s = cpu_s(self._pid) or self.root_cpu_s  # its last reading before it exits
+            sizes = [rss_kib(pid) for pid in process_tree(self._pid)]
+            self.largest_kib = max(self.largest_kib, *sizes, 0)
+            self.all_kib = max(self.all_kib, sum(sizes))
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, index = [root], 0
+    while index < len(tree):
+        tree += children.get(tree[index], [])
+        index += 1
+    return tree
+
+
+def rss_kib(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
 
 
 @contextlib.contextmanager
@@ -208,6 +334,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=ONE_MILLION)
     parser.add_argument("--long-prompts", action="store_true", help="~2.4 KB prompts instead of ~150 B")
     parser.add_argument("--from", dest="source", choices=SOURCES, default=SOURCES[0])
+    parser.add_argument(
+        "--processes",
+        default=f"1,{DEFAULT_PROCESSES}",
+        help="enqueue processes to compare, side by side in one run: numbers, or 'default' for none given "
+        "(default: 1,default)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch, contextlib.ExitStack() as stack:
         root = Path(scratch)
@@ -226,26 +358,45 @@ def main() -> int:
         stack.callback(process.stop)
         redis_url = process.url
         client = redis.Redis.from_url(redis_url)
-        small_s, small_rss = enqueue(small, redis_url, "small", root / "out", env)
-        client.flushall()
-        before = int(client.info("memory")["used_memory"])
-        full_s, full_rss = enqueue(full, redis_url, "full", root / "out", env)
-        after = int(client.info("memory")["used_memory"])
-        by_kind = memory_by_kind(client, "full")
-        again_s, again_rss = enqueue(full, redis_url, "full", root / "out", env)
+        small_run = enqueue(small, redis_url, "small", root / "out", env)
+        compared: list[tuple[str, Enqueued, Enqueued]] = []
+        for processes in args.processes.split(","):  # side by side, each into an empty Redis
+            client.flushall()
+            output = root / f"out-{len(compared)}"
+            before = int(client.info("memory")["used_memory"])
+            first = enqueue(full, redis_url, "full", output, env, processes)
+            after = int(client.info("memory")["used_memory"])
+            by_kind = memory_by_kind(client, "full")
+            compared.append((processes, first, enqueue(full, redis_url, "full", output, env, processes)))
     shards = f" ({-(-args.rows // SHARD_ROWS)} Parquet shards, S3 over HTTP)" if env else ""
     print(f"source                   {full}{shards}")
     per_prompt = (after - before) / args.rows
     raw_per_prompt = raw_bytes / args.rows
     print(f"rows                     {args.rows:,} (~{raw_per_prompt:.0f} bytes of prompt text each)")
-    print(f"enqueue wall time        {full_s:.1f} s  ({args.rows / full_s:,.0f} prompts/s)")
+    for processes, first, again in compared:
+        print(f"--processes {processes}:")
+        print(
+            f"  enqueue wall time      {first.wall_s:.1f} s  ({args.rows / first.wall_s:,.0f} prompts/s; "
+            f"{first.memory()})"
+        )
+        print(
+            f"  re-run, all there      {again.wall_s:.1f} s  ({args.rows / again.wall_s:,.0f} rows/s, "
+            f"{first.wall_s / again.wall_s:.2f} x the first run's speed; {again.memory()})"
+        )
+        print(f"  first enqueue's {first.cpu()}; the re-run's {again.cpu()}")
+        print(
+            f"  on {HEAD_NODE_CORES} cores, these CPU seconds need at least: first enqueue "
+            f"{first.floor_s(HEAD_NODE_CORES):.1f} s, re-run {again.floor_s(HEAD_NODE_CORES):.1f} s"
+        )
+    if len(compared) > 1:
+        (one, one_first, one_again), (other, other_first, other_again) = compared[0], compared[-1]
+        print(
+            f"--processes {other} against {one}: first enqueue {one_first.wall_s / other_first.wall_s:.2f} x "
+            f"as fast, re-run {one_again.wall_s / other_again.wall_s:.2f} x"
+        )
     print(
-        f"re-run, all there        {again_s:.1f} s  ({args.rows / again_s:,.0f} rows/s, "
-        f"{full_s / again_s:.2f} x the first run's speed; peak RSS {again_rss / 1024:.0f} MiB)"
-    )
-    print(
-        f"producer peak RSS        {small_rss / 1024:.0f} MiB at {min(SMALL_ROWS, args.rows):,} rows, "
-        f"{full_rss / 1024:.0f} MiB at {args.rows:,} rows  (small run took {small_s:.1f} s)"
+        f"at {min(SMALL_ROWS, args.rows):,} rows        {small_run.memory()}  "
+        f"(took {small_run.wall_s:.1f} s; flat when it matches the full run's)"
     )
     print(
         f"Redis memory per prompt  {per_prompt:.0f} bytes ({per_prompt / raw_per_prompt:.2f} x its raw text, "
@@ -260,7 +411,11 @@ def main() -> int:
     )
     print(f"redis_bytes_per_prompt={per_prompt:.0f} queued_10m_gib={ten_million_gib:.1f}")
     scale = ONE_MILLION / args.rows
-    print(f"enqueue_1m_s={full_s * scale:.1f} rerun_1m_s={again_s * scale:.1f}")
+    for processes, first, again in compared:
+        print(
+            f"processes={processes} enqueue_1m_s={first.wall_s * scale:.1f} "
+            f"rerun_1m_s={again.wall_s * scale:.1f}"
+        )
     return 0
 
 

@@ -178,7 +178,7 @@ class Enqueuer:
     def _new_batch_id(self) -> str:
         return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
 
-    def _take_lease(self) -> None:
+    def take_lease(self) -> None:
         """Take the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
         if self.client.set(self.keys.enqueue_lock, self.session_id, nx=True, px=ENQUEUE_LEASE_S * MS_PER_S):
             return
@@ -231,14 +231,18 @@ class Enqueuer:
     def holding_lease(self) -> Iterator[None]:
         """Hold the run's enqueue lease, renewed, until the block ends; EnqueueBusy when another enqueue
         holds it."""
-        self._take_lease()
+        self.take_lease()
         renewer = PeriodicThread("draftgen-enqueue-lease", ENQUEUE_RENEW_S, self._renew_lease)
         renewer.start()
         try:
             yield
         finally:
             renewer.stop()
-            self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
+            self.release_lease()
+
+    def release_lease(self) -> None:
+        """Give the lease up, if it is still this enqueue's."""
+        self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
 
     def open(self) -> int:
         """Under the lease: note this enqueue in the run (its number), judge whether prompts the run holds

@@ -262,17 +262,25 @@ def enqueue_in_parts(
 
 
 def _route(items: Iterable[Prompt | RejectedRow], parts: list[Part], chunk_rows: int) -> None:
-    """Deal the input's rows to the parts in chunks of `chunk_rows`; stops early when a part has ended."""
-    pending: list[list[Prompt | RejectedRow]] = [[] for _ in parts]
+    """Hand the input's chunks to their parts; stops early when a part has ended."""
+    for index, chunk in dealt(items, len(parts), chunk_rows):
+        parts[index].send(chunk)
+        if any(part.broken for part in parts):
+            return
+
+
+def dealt(
+    items: Iterable[Prompt | RejectedRow], parts: int, chunk_rows: int
+) -> Iterator[tuple[int, list[Prompt | RejectedRow]]]:
+    """The input's rows dealt to `parts` parts (`part_of`): each chunk of `chunk_rows` rows with its part,
+    as soon as it is full, then each part's last one."""
+    pending: list[list[Prompt | RejectedRow]] = [[] for _ in range(parts)]
     for item in items:
-        index = part_of(item, len(parts))
-        waiting = pending[index]
-        waiting.append(item)
-        if len(waiting) >= chunk_rows:
-            parts[index].send(waiting)
+        index = part_of(item, parts)
+        pending[index].append(item)
+        if len(pending[index]) >= chunk_rows:
+            yield index, pending[index]
             pending[index] = []
-            if any(part.broken for part in parts):
-                return
-    for part, rest in zip(parts, pending, strict=True):
+    for index, rest in enumerate(pending):
         if rest:
-            part.send(rest)
+            yield index, rest

@@ -1,7 +1,8 @@
 """One explored schedule: a fleet, a seed, a fault phase, then a calm phase until the run is finished.
 
 Each action is one of: let a parked step make its Redis call; start a step (a delivery, a retry whose
-countdown is over, a batch tail, a lease renewal, a reconcile pass, a flush, a second enqueue); let
+countdown is over, a batch tail, a lease renewal, a reconcile pass, a flush, a second enqueue; an
+enqueue drawn to run in 2 or 3 parts starts them once it has opened, and releases its lease after); let
 time pass; or, in the fault phase, a fault: SIGKILL a process between two of its Redis calls, restart
 a dead one, duplicate or lose a queued message, let the visibility timeout restore every unacked
 message, or roll Redis back to its state some actions ago (its last writes lost: a power cut with
@@ -24,7 +25,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from tests.explorer.fleet import RUN, EnqueueProcess, Fleet, FleetShape, Snapshot, UploaderProcess, Worker
+from tests.explorer.fleet import (
+    RUN,
+    EnqueuePart,
+    EnqueueProcess,
+    Fleet,
+    FleetShape,
+    Snapshot,
+    UploaderProcess,
+    Worker,
+)
 from tests.explorer.invariants import Invariants
 from tests.explorer.schedule import Killed, Process, Scheduler
 from workers.record.reading import read_enqueued_ids
@@ -43,6 +53,7 @@ WORKERS = 2
 POISONED_SHARE = 0.3  # schedules where one batch's prompts make every attempt raise
 UUID_SEED_SALT = 0x1D5
 STEPS_A_WORKER_RUNS_AT_ONCE = 2  # deliveries in flight per worker
+PART_STEP = "enqueue part"
 
 # The weights of the choices, relative to one another.
 GRANT = 12.0
@@ -51,7 +62,7 @@ RARE = 0.4
 TIME = 0.5
 FAULT = 0.4
 
-Owner = Worker | UploaderProcess | EnqueueProcess
+Owner = Worker | UploaderProcess | EnqueueProcess | EnqueuePart
 Option = tuple[float, str, Callable[[], object]]
 
 
@@ -62,6 +73,7 @@ class ScheduleResult:
     faults: Counter[str] = field(default_factory=Counter)
     actions: int = 0
     checks: int = 0
+    enqueues_in_parts: int = 0  # enqueues that opened and started their parts
     finished: bool = False
     log: list[str] = field(default_factory=list)
 
@@ -128,6 +140,7 @@ class Explorer:
             self.fleet.take_snapshot(keep=RECENT_SNAPSHOT_ACTIONS)
         self.result.log.append(label)
         action()
+        self._advance_enqueues_in_parts()
         self._collect_step_errors()
         self.result.violations += self.checks.after_step()
         return not self.result.violations
@@ -152,7 +165,7 @@ class Explorer:
             options.append((START, "flush", partial(self._start, uploader, "flush", uploader.flush)))
         if faults and len(fleet.enqueues) < 2:
             # most telling while the first is at work: the two then race for the run's lock
-            racing = any(self._running(e.process, "enqueue") for e in fleet.enqueues)
+            racing = any(self._at_work(e) for e in fleet.enqueues)
             options.append((START if racing else RARE, "a second enqueue", self._new_enqueue))
         for seconds in TIME_STEPS_S:
             weight = TIME if faults else TIME / 3
@@ -189,6 +202,7 @@ class Explorer:
             *(w.process for w in fleet.workers),
             fleet.uploader.process,
             *(e.process for e in fleet.enqueues),
+            *(part.process for e in fleet.enqueues for part in e.started_parts),
         ]:
             if not process.dead:
                 options.append((FAULT / 4, f"kill {process.name}", partial(self._kill, process)))
@@ -219,9 +233,31 @@ class Explorer:
         process = self.fleet.new_enqueue()
         self._start(process, "enqueue", process.enqueue)
 
+    def _advance_enqueues_in_parts(self) -> None:
+        """An enqueue in parts starts them once it has opened, and gives its lease up once they all ended
+        (killed or done), as producer/enqueue_processes.py does; a killed one does neither."""
+        for enqueue in self.fleet.enqueues:
+            if enqueue.process.dead or enqueue.opened is None or enqueue.released:
+                continue
+            if not enqueue.started_parts:
+                self.result.enqueues_in_parts += 1
+                for part in enqueue.start_parts():
+                    self._start(part, PART_STEP, part.enqueue)
+            elif not any(self._running(part.process, PART_STEP) for part in enqueue.started_parts):
+                self._start(enqueue, "release", enqueue.release)
+
+    def _at_work(self, enqueue: EnqueueProcess) -> bool:
+        """Whether an enqueue, or a part of it, may still claim or release (a killed one's lease runs out)."""
+        if any(self._running(part.process, PART_STEP) for part in enqueue.started_parts):
+            return True
+        if enqueue.process.dead:
+            return False
+        opened_not_released = enqueue.opened is not None and not enqueue.released
+        return opened_not_released or bool(self._running(enqueue.process, "enqueue"))
+
     def _enqueue_again_if_redis_lost_prompts(self) -> None:
         fleet = self.fleet
-        if any(not e.process.dead and self._running(e.process, "enqueue") for e in fleet.enqueues):
+        if any(self._at_work(e) for e in fleet.enqueues):
             return
         held = RunLedger(fleet.admin, RUN).enqueued_ids()
         if {p.id for p in fleet.prompts} <= held and read_enqueued_ids(fleet.store) <= held:

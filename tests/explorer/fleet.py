@@ -1,6 +1,7 @@
 """The modelled fleet: processes running draftgen's real protocol code against a real redis-server.
 
-Real: every Lua script; the enqueue (`Enqueuer.enqueue`); a generate message's whole handling
+Real: every Lua script; the enqueue (`Enqueuer.enqueue`, or in parts: `Enqueuer.enqueue_part` of each
+part's share, dealt as producer/enqueue_processes.py deals it); a generate message's whole handling
 (`workers.generate.batches.handle_generate`, and batch tails settled by `_settle_tail`); lease renewal
 (`LeaseKeeper.renew`); reconcile passes (`Reconciler.reconcile_all`); flushes and adoptions
 (`Uploader.flush`); the object store (a folder); kombu's Redis layout of the generate queue (the list
@@ -20,6 +21,7 @@ queue (a list of flush requests). The faults are the schedule's: see tests/explo
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import random
 import threading
@@ -33,7 +35,9 @@ import msgspec
 import redis
 
 from inference.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
-from producer.enqueue import Enqueuer, pin_settings
+from intake.rejected import RejectedRow
+from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
+from producer.enqueue_processes import dealt
 from producer.errors import EnqueueBusy
 from producer.recover import write_run_settings
 from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler
@@ -57,6 +61,7 @@ from workers.state.runs import RunSettings
 
 RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED = "answered", "refused", "unanswered"
+ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue_processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
 CONVERSATION_EVERY = 3  # prompts p000, p003, ... are conversations regenerated turn by turn
@@ -391,24 +396,71 @@ class UploaderProcess:
 
 
 class EnqueueProcess:
-    def __init__(self, fleet: Fleet, name: str) -> None:
+    """`enqueue` of the whole input: in one process, or (`parts` > 1) as producer/enqueue_processes.py does
+    it: this process takes the lease and opens the enqueue, then parts of their own (`EnqueuePart`)
+    classify, claim and publish each its share of the ids, and once they have ended it gives the lease up
+    (the explorer starts the parts and the release: see Explorer._advance_enqueues_in_parts)."""
+
+    def __init__(self, fleet: Fleet, name: str, parts: int) -> None:
         self.fleet = fleet
         self.process = Process(name)
         self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
         self.busy = False
+        self.parts = parts
+        self.opened: EnqueueSession | None = None  # set once its parts can start
+        self.started_parts: list[EnqueuePart] = []
+        self.released = False
+        self._enqueuer: Enqueuer | None = None
 
     def enqueue(self) -> None:
-        fleet = self.fleet
-
-        def publish(run: str, batch_ids: Sequence[str]) -> None:
-            for batch_id in batch_ids:
-                fleet.bus.publish(self.client, run, batch_id)
-
-        enqueuer = Enqueuer(self.client, fleet.settings, publish, source="explored.jsonl", store=fleet.store)
+        self._enqueuer = self.fleet.enqueuer(self.client)
         try:
-            enqueuer.enqueue(fleet.prompts)
+            if self.parts == 1:
+                self._enqueuer.enqueue(self.fleet.input_rows)
+                return
+            self._enqueuer.take_lease()
+            self._enqueuer.open()
+            self.opened = self._enqueuer.session
         except EnqueueBusy:
             self.busy = True
+
+    def start_parts(self) -> list[EnqueuePart]:
+        """The parts, each with the chunks of its share of the input."""
+        assert self.opened is not None and self._enqueuer is not None
+        rows = self._enqueuer.chunk_rows
+        dealt_chunks = list(dealt(self.fleet.input_rows, self.parts, rows))
+        self.started_parts = [
+            EnqueuePart(
+                self.fleet,
+                f"{self.process.name}.part{index}",
+                self.opened,
+                [chunk for part, chunk in dealt_chunks if part == index],
+            )
+            for index in range(self.parts)
+        ]
+        return self.started_parts
+
+    def release(self) -> None:
+        assert self._enqueuer is not None
+        self.released = True
+        self._enqueuer.release_lease()
+
+
+class EnqueuePart:
+    """A part process of an enqueue: its chunks enqueued under the enqueue's lease and number."""
+
+    def __init__(
+        self, fleet: Fleet, name: str, session: EnqueueSession, chunks: list[list[Prompt | RejectedRow]]
+    ) -> None:
+        self.process = Process(name)
+        self._fleet = fleet
+        self._session = session
+        self._chunks = chunks
+
+    def enqueue(self) -> None:
+        enqueuer = self._fleet.enqueuer(GatedRedis(self._fleet.redis_url, self._fleet.scheduler))
+        with contextlib.suppress(EnqueueBusy):  # the lease was lost: the real part reports it and ends
+            enqueuer.enqueue_part(self._session, self._chunks)
 
 
 @dataclass
@@ -435,7 +487,14 @@ class Fleet:
         self.settings = RunSettings(
             run=RUN, sampling=SamplingSettings(), output_url=self.store.url, batch_size=shape.batch_size
         )
-        self.prompts = [explored_prompt(i) for i in range(shape.prompts)]
+        self.prompts = [msgspec.structs.replace(explored_prompt(i), row=i + 1) for i in range(shape.prompts)]
+        # the input: every prompt, then each again in reverse order: duplicate rows, each id batched once
+        # whichever parts of an enqueue read its rows
+        again = reversed(self.prompts)
+        self.input_rows = [
+            *self.prompts,
+            *(msgspec.structs.replace(one, row=shape.prompts + n) for n, one in enumerate(again, 1)),
+        ]
         first_poisoned = rng.randrange(0, shape.prompts, shape.batch_size)
         self.poison_prompts = (
             {p.id for p in self.prompts[first_poisoned : first_poisoned + shape.batch_size]}
@@ -520,9 +579,19 @@ class Fleet:
                 yield process
 
     def new_enqueue(self) -> EnqueueProcess:
-        process = EnqueueProcess(self, f"enqueue{len(self.enqueues)}")
+        parts = self.rng.choice(ENQUEUE_PARTS)
+        process = EnqueueProcess(self, f"enqueue{len(self.enqueues)}", parts)
         self.enqueues.append(process)
         return process
+
+    def enqueuer(self, client: GatedRedis) -> Enqueuer:
+        """An enqueue's code on `client`, publishing through it."""
+
+        def publish(run: str, batch_ids: Sequence[str]) -> None:
+            for batch_id in batch_ids:
+                self.bus.publish(client, run, batch_id)
+
+        return Enqueuer(client, self.settings, publish, source="explored.jsonl", store=self.store)
 
     def restart(self, name: str) -> None:
         """Start a process anew in the place of a dead one (systemd's Restart=always)."""
