@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import pickle
 import queue
 import signal
 import threading
@@ -188,22 +189,26 @@ def run_part(spec: PartSpec, session: EnqueueSession, chunks: Connection, result
         enqueuer = Enqueuer(
             redis.Redis.from_url(spec.redis_url), spec.settings, publisher, source=spec.source, store=store
         )
-        outcome = enqueuer.enqueue_part(session, _received_chunks(chunks))
+        outcome = enqueuer.enqueue_part(session, received_chunks(chunks))
     except Exception as error:  # sent whole to the reading process, which maps it as its own
         outcome = error
     finally:
         publisher.close()
-    try:
-        results.send(outcome)
-    except (TypeError, AttributeError, msgspec.EncodeError) as unpicklable:
-        results.send(PartFailed(f"enqueue part failed: {outcome} ({unpicklable})"))
+    with contextlib.suppress(OSError):  # the reading process is gone: there is nobody to tell
+        try:
+            results.send(outcome)
+        except (pickle.PicklingError, TypeError, AttributeError) as unpicklable:
+            results.send(PartFailed(f"enqueue part failed: {outcome} ({unpicklable})"))
 
 
-def _received_chunks(chunks: Connection) -> Iterator[list[Prompt | RejectedRow]]:
+def received_chunks(chunks: Connection) -> Iterator[list[Prompt | RejectedRow]]:
+    """The chunks the reading process hands over, until the end of the input, or until that process is
+    gone (then the lease it held runs out, and the claims with it)."""
     decoder = msgspec.msgpack.Decoder(PartChunk)
-    while (payload := chunks.recv_bytes()) != END_OF_INPUT:
-        chunk = decoder.decode(payload)
-        yield [*chunk.rejected, *chunk.prompts]
+    with contextlib.suppress(EOFError):
+        while (payload := chunks.recv_bytes()) != END_OF_INPUT:
+            chunk = decoder.decode(payload)
+            yield [*chunk.rejected, *chunk.prompts]
 
 
 def merged(reports: Iterable[EnqueueReport]) -> EnqueueReport:
@@ -246,12 +251,14 @@ def enqueue_in_parts(
             republished = enqueuer.open()
         except KeyboardInterrupt:
             return EnqueueReport(interrupted=True)
-        started = [start_part(index, spec, enqueuer.session) for index in range(parts)]
+        started: list[Part] = []
         try:
+            started += (start_part(index, spec, enqueuer.session) for index in range(parts))
             _route(items, started, enqueuer.chunk_rows)
         except KeyboardInterrupt:
             interrupted = True
-        outcomes = [part.finish() for part in started]
+        finally:  # also when reading fails part-way: what the parts were handed is enqueued whole
+            outcomes = [part.finish() for part in started]
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome

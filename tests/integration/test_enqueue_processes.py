@@ -19,7 +19,7 @@ from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.enqueue_processes import Part, PartFailed, PartSpec, enqueue_in_parts
-from producer.errors import EnqueueBusy
+from producer.errors import EnqueueBusy, SourceError
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
 from workers.record.storage import open_store
@@ -221,3 +221,25 @@ def test_a_part_killed_midway_ends_the_enqueue_with_one_message_and_running_agai
     enqueue(redis_url, settings, data, parts=PARTS)
     assert len(assert_whole(redis_client, "killed")) == 2820
     assert redis_client.scard(RunKeys("killed").unpublished) == 0
+
+
+def test_input_that_fails_part_way_ends_every_part_with_its_chunks_enqueued_whole(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    data = dataset(tmp_path / "d.jsonl", 1000)
+    settings = pinned_run(redis_client, tmp_path, "cut")
+    started: list[Part] = []
+
+    def unreadable() -> None:  # what a reader raises on a file corrupt part-way, or S3 gone
+        raise SourceError(f"{data}: line 700 is cut short")
+
+    with pytest.raises(SourceError, match="cut short"):
+        enqueue(
+            redis_url, settings, data, parts=PARTS, items=read_until(data, 700, unreadable), started=started
+        )
+
+    assert started and not any(Path(f"/proc/{part.pid}").exists() for part in started)
+    assert 0 < len(assert_whole(redis_client, "cut")) < 940
+    assert redis_client.exists(RunKeys("cut").enqueue_lock) == 0
+    enqueue(redis_url, settings, data, parts=PARTS)
+    assert len(assert_whole(redis_client, "cut")) == 940

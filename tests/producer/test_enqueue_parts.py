@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
+
+import msgspec
 
 from inference.records import Message, Prompt
 from intake.rejected import RejectedRow
 from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport
-from producer.enqueue_processes import merged, part_of, parts_for
+from producer.enqueue_processes import PartChunk, merged, part_of, parts_for, received_chunks
 from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
 
 
@@ -58,3 +61,10 @@ def test_the_merged_report_adds_the_counts_and_shows_the_inputs_first_rejections
     report = merged([first, second])
     assert (report.new, report.batches, report.rejected_count) == (12, 2, 55)
     assert [row.row for row in report.rejected] == list(range(1, MAX_REJECTIONS_SHOWN + 1))
+
+
+def test_a_part_whose_reading_process_is_gone_takes_what_came_and_stops_without_a_traceback() -> None:
+    receiving, sending = multiprocessing.Pipe(duplex=False)
+    sending.send_bytes(msgspec.msgpack.encode(PartChunk(prompts=list(prompts(2)), rejected=[])))  # type: ignore[arg-type]
+    sending.close()
+    assert [[item.row for item in chunk] for chunk in received_chunks(receiving)] == [[1, 2]]
