@@ -107,6 +107,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _enqueue_processes(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_ENQUEUE_PROCESSES:
+        raise argparse.ArgumentTypeError(
+            f"{value} is more than {MAX_ENQUEUE_PROCESSES} (each holds its own Redis and broker connections)"
+        )
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m producer",
@@ -129,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     enqueue.add_argument(
         "--processes",
-        type=_positive_int,
+        type=_enqueue_processes,
         help="processes that classify, claim and publish, each on its own ids (default: one per core once "
         f"the input holds over {PROCESSES_MIN_ROWS:,} rows, at most {MAX_ENQUEUE_PROCESSES}); not pinned",
     )

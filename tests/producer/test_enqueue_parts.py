@@ -6,12 +6,15 @@ import multiprocessing
 from collections.abc import Iterator
 
 import msgspec
+import pytest
 
+from inference.exit_codes import EXIT_USAGE
 from inference.records import Message, Prompt
 from intake.rejected import RejectedRow
+from producer.cli import main
 from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport
 from producer.enqueue_processes import PartChunk, merged, part_of, parts_for, received_chunks
-from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
+from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS, default_enqueue_processes
 
 
 def prompts(count: int) -> Iterator[Prompt | RejectedRow]:
@@ -68,3 +71,30 @@ def test_a_part_whose_reading_process_is_gone_takes_what_came_and_stops_without_
     sending.send_bytes(msgspec.msgpack.encode(PartChunk(prompts=list(prompts(2)), rejected=[])))  # type: ignore[arg-type]
     sending.close()
     assert [[item.row for item in chunk] for chunk in received_chunks(receiving)] == [[1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("0", "0 must be above 0"),
+        (str(MAX_ENQUEUE_PROCESSES + 1), f"{MAX_ENQUEUE_PROCESSES + 1} is more than {MAX_ENQUEUE_PROCESSES}"),
+    ],
+)
+def test_processes_out_of_range_are_refused_before_anything_is_touched(
+    given: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [
+                "--redis-url",
+                "redis://127.0.0.1:1/0",
+                "enqueue",
+                "missing.jsonl",
+                "--run",
+                "r",
+                "--processes",
+                given,
+            ]
+        )
+    assert stopped.value.code == EXIT_USAGE
+    assert f"argument --processes: {said}" in capsys.readouterr().err
