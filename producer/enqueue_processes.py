@@ -1,5 +1,6 @@
 """One enqueue over several cores: this process reads and parses the input, and parts in processes of
-their own classify, claim and publish it, under the one lease of the enqueue.
+their own (`python -m producer.enqueue_part`) classify, claim and publish it, under the one lease of the
+enqueue.
 
 Every id goes to the part its id bucket names (`id_bucket(id) % parts`), so no id is ever classified or
 claimed by two parts: a part's classify-then-claim is as atomic as one enqueue's, and the same id seen
@@ -8,9 +9,11 @@ touch disjoint id buckets and share only counters and sets every claim adds to, 
 guarantees hold part by part (producer/enqueue.py).
 
 This process holds the run's enqueue lease, renews it and opens the enqueue (its number, the orphans
-judgement, the outbox); parts claim under its token and stop when it is lost. Chunks travel as msgpack
-over a pipe, at most `PART_CHUNKS_WAITING` waiting per part, so memory stays flat. Ctrl-C reaches every
-process of the terminal; parts ignore it, finish the chunks they were handed, and report: the counts are
+judgement, the outbox); parts claim under its token and stop when it is lost. Everything travels as
+length-prefixed msgpack frames (no pickle): the part's start down its stdin, then its chunks, at most
+`PART_CHUNKS_WAITING` waiting per part so memory stays flat, then an empty frame; its outcome comes back
+on its stdout. Parts run in process groups of their own, so Ctrl-C at the terminal reaches only this
+process, which stops dealing; the parts finish the chunks they were handed and report: the counts are
 exactly what was enqueued, as with one process.
 """
 
@@ -18,24 +21,21 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import multiprocessing
-import pickle
+import os
 import queue
-import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
-from typing import Final
+from pathlib import Path
+from typing import IO
 
 import msgspec
-import redis
 
 from inference.records import Prompt
 from intake.rejected import RejectedRow
 from producer.enqueue import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
-from producer.errors import Unavailable
+from producer.errors import ProducerError, Unavailable
 from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
 from workers.state.broker import BrokerOptions
 from workers.state.keys import id_bucket
@@ -43,8 +43,10 @@ from workers.state.runs import RunSettings
 
 PART_CHUNKS_WAITING = 2  # chunks read for a part and not yet taken by it, at most
 PART_POLL_S = 0.5  # how often a wait for a busy part looks whether the part failed meanwhile
-SPAWN: Final = "spawn"  # not fork: the reading process has threads (the lease's renewer, Arrow's)
+PART_MODULE = "producer.enqueue_part"
+FRAME_LENGTH_BYTES = 4
 END_OF_INPUT = b""
+PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where `producer` is importable from
 
 
 class PartChunk(msgspec.Struct, frozen=True):
@@ -54,8 +56,7 @@ class PartChunk(msgspec.Struct, frozen=True):
     rejected: list[RejectedRow]
 
 
-@dataclass(frozen=True)
-class PartSpec:
+class PartSpec(msgspec.Struct, frozen=True):
     """What a part process needs to reach everything itself (it shares no connection with its parent)."""
 
     redis_url: str
@@ -63,6 +64,37 @@ class PartSpec:
     settings: RunSettings
     source: str
     output_url: str | None
+
+
+class PartStart(msgspec.Struct, frozen=True):
+    """A part's first frame: where everything is, and the enqueue it is a part of."""
+
+    index: int
+    spec: PartSpec
+    session: EnqueueSession
+
+
+class PartOutcome(msgspec.Struct, frozen=True):
+    """A part's last frame: its report, or the error that stopped it (a class of producer/errors.py's tree,
+    by name, and its message)."""
+
+    report: EnqueueReport | None = None
+    error_type: str = ""
+    error: str = ""
+
+
+def write_frame(stream: IO[bytes], payload: bytes) -> None:
+    stream.write(len(payload).to_bytes(FRAME_LENGTH_BYTES, "big") + payload)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> bytes | None:
+    """The next frame's payload; None when the stream ended (the other process is gone)."""
+    header = stream.read(FRAME_LENGTH_BYTES)
+    if len(header) < FRAME_LENGTH_BYTES:
+        return None
+    payload = stream.read(int.from_bytes(header, "big"))
+    return payload if len(payload) == int.from_bytes(header, "big") else None
 
 
 def parts_for(
@@ -84,32 +116,41 @@ def part_of(item: Prompt | RejectedRow, parts: int) -> int:
 
 
 class PartFailed(Unavailable):
-    """A part process ended without its report (killed, or out of memory)."""
+    """A part process ended without its report (killed, or out of memory), or on an unexpected error."""
+
+
+def raised_in_part(outcome: PartOutcome) -> ProducerError:
+    """The error a part reported, as the class of the producer's tree it named."""
+    kinds: dict[str, type[ProducerError]] = {}
+    pending: list[type[ProducerError]] = [ProducerError]
+    while pending:
+        kind = pending.pop()
+        kinds[kind.__name__] = kind
+        pending += kind.__subclasses__()
+    return kinds.get(outcome.error_type, PartFailed)(outcome.error)
 
 
 class Part:
-    """A part process, the pipe its chunks go down (fed by a thread, so that Ctrl-C never cuts a chunk in
-    two), and the pipe its report comes back on."""
+    """A part process, its stdin its chunks go down (fed by a thread, so that Ctrl-C never cuts a frame in
+    two), and its stdout its outcome comes back on."""
 
     def __init__(self, index: int, spec: PartSpec, session: EnqueueSession) -> None:
-        context = multiprocessing.get_context(SPAWN)
-        chunks_out, self._chunks_in = context.Pipe(duplex=False)
-        self._results_in, results_out = context.Pipe(duplex=False)
         self.index = index
-        self._process: BaseProcess = context.Process(
-            target=run_part,
-            args=(spec, session, chunks_out, results_out),
-            name=f"draftgen-enqueue-part-{index}",
-            daemon=True,
+        path = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", PART_MODULE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path},
+            process_group=0,  # not the terminal's: Ctrl-C reaches the reading process alone
         )
-        with _ctrl_c_ignored():  # inherited: a part starting up is never stopped by Ctrl-C halfway
-            self._process.start()
-        chunks_out.close()  # the part's copies: once it exits, writing fails instead of blocking
-        results_out.close()
+        self._chunks_in: IO[bytes] = self._process.stdin  # type: ignore[assignment]
+        self._outcome_out: IO[bytes] = self._process.stdout  # type: ignore[assignment]
         self._waiting: queue.Queue[bytes] = queue.Queue(maxsize=PART_CHUNKS_WAITING)
         self._broken = threading.Event()
+        self._waiting.put(msgspec.msgpack.encode(PartStart(index=index, spec=spec, session=session)))
         self._sender = threading.Thread(
-            target=self._send_waiting, name=f"{self._process.name}-feed", daemon=True
+            target=self._send_waiting, name=f"enqueue-part-{index}-feed", daemon=True
         )
         self._sender.start()
 
@@ -117,8 +158,8 @@ class Part:
         while True:
             payload = self._waiting.get()
             try:
-                self._chunks_in.send_bytes(payload)
-            except OSError:  # the part has ended: its report says why
+                write_frame(self._chunks_in, payload)
+            except OSError:  # the part has ended: its outcome says why
                 self._broken.set()
                 return
             if payload == END_OF_INPUT:
@@ -126,13 +167,13 @@ class Part:
 
     def send(self, items: list[Prompt | RejectedRow]) -> None:
         """Hand a chunk to the part, waiting while it has PART_CHUNKS_WAITING; stops waiting when the part
-        has ended (its report, in `finish`, says why)."""
+        has ended (its outcome, in `finish`, says why)."""
         prompts = [item for item in items if isinstance(item, Prompt)]
         rejected = [item for item in items if isinstance(item, RejectedRow)]
         self._put(msgspec.msgpack.encode(PartChunk(prompts=prompts, rejected=rejected)))
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int:
         return self._process.pid
 
     @property
@@ -147,68 +188,32 @@ class Part:
             except queue.Full:
                 continue
 
-    def finish(self) -> EnqueueReport | BaseException:
+    def finish(self) -> EnqueueReport | ProducerError:
         """Tell the part the input ended; its report once it has enqueued every chunk it was handed, or
         what stopped it."""
         self._put(END_OF_INPUT)
         self._sender.join()
-        try:
-            outcome: EnqueueReport | BaseException = self._results_in.recv()
-        except EOFError:
-            self._process.join()
+        with contextlib.suppress(OSError):  # a part that ended early left a frame half written
+            self._chunks_in.close()
+        payload = read_frame(self._outcome_out)
+        self._outcome_out.close()
+        self._process.wait()
+        if payload is None:
             return PartFailed(
-                f"enqueue part {self.index} ended (exit code {self._process.exitcode}) before its report: "
+                f"enqueue part {self.index} ended (exit code {self._process.returncode}) before its report: "
                 "what it claimed stays whole; run the same command again to add the rest"
             )
-        self._process.join()
-        return outcome
+        outcome = msgspec.msgpack.decode(payload, type=PartOutcome)
+        return outcome.report if outcome.report is not None else raised_in_part(outcome)
 
 
-@contextlib.contextmanager
-def _ctrl_c_ignored() -> Iterator[None]:
-    """SIGINT ignored meanwhile: a process started now keeps ignoring it (Python leaves an ignored SIGINT
-    ignored), so Ctrl-C, which reaches every process of the terminal, stops only the reading process, which
-    decides where the enqueue stops."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def run_part(spec: PartSpec, session: EnqueueSession, chunks: Connection, results: Connection) -> None:
-    """A part process: enqueue every chunk that comes down `chunks`, then send the report (or the error)."""
-    from producer.publisher import BatchPublisher
-    from workers.record.storage import open_store
-    from workers.state.broker import sending_app
-
-    publisher = BatchPublisher(sending_app(spec.broker))
-    outcome: EnqueueReport | BaseException
-    try:
-        store = open_store(spec.output_url) if spec.output_url else None
-        enqueuer = Enqueuer(
-            redis.Redis.from_url(spec.redis_url), spec.settings, publisher, source=spec.source, store=store
-        )
-        outcome = enqueuer.enqueue_part(session, received_chunks(chunks))
-    except Exception as error:  # sent whole to the reading process, which maps it as its own
-        outcome = error
-    finally:
-        publisher.close()
-    with contextlib.suppress(OSError):  # the reading process is gone: there is nobody to tell
-        try:
-            results.send(outcome)
-        except (pickle.PicklingError, TypeError, AttributeError) as unpicklable:
-            results.send(PartFailed(f"enqueue part failed: {outcome} ({unpicklable})"))
-
-
-def received_chunks(chunks: Connection) -> Iterator[list[Prompt | RejectedRow]]:
+def received_chunks(stream: IO[bytes]) -> Iterator[list[Prompt | RejectedRow]]:
     """The chunks the reading process hands over, until the end of the input, or until that process is
     gone (then the lease it held runs out, and the claims with it)."""
     decoder = msgspec.msgpack.Decoder(PartChunk)
-    with contextlib.suppress(EOFError):
-        while (payload := chunks.recv_bytes()) != END_OF_INPUT:
-            chunk = decoder.decode(payload)
-            yield [*chunk.rejected, *chunk.prompts]
+    while (payload := read_frame(stream)) not in (None, END_OF_INPUT):
+        chunk = decoder.decode(payload)
+        yield [*chunk.rejected, *chunk.prompts]
 
 
 def merged(reports: Iterable[EnqueueReport]) -> EnqueueReport:
@@ -260,7 +265,7 @@ def enqueue_in_parts(
         finally:  # also when reading fails part-way: what the parts were handed is enqueued whole
             outcomes = [part.finish() for part in started]
     for outcome in outcomes:
-        if isinstance(outcome, BaseException):
+        if isinstance(outcome, ProducerError):
             raise outcome
     report = merged(outcome for outcome in outcomes if isinstance(outcome, EnqueueReport))
     report.republished_batches = republished

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import io
 from collections.abc import Iterator
 
 import msgspec
@@ -13,7 +13,18 @@ from inference.records import Message, Prompt
 from intake.rejected import RejectedRow
 from producer.cli import main
 from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport
-from producer.enqueue_processes import PartChunk, merged, part_of, parts_for, received_chunks
+from producer.enqueue_processes import (
+    PartChunk,
+    PartFailed,
+    PartOutcome,
+    merged,
+    part_of,
+    parts_for,
+    raised_in_part,
+    received_chunks,
+    write_frame,
+)
+from producer.errors import EnqueueBusy
 from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS, default_enqueue_processes
 
 
@@ -67,10 +78,16 @@ def test_the_merged_report_adds_the_counts_and_shows_the_inputs_first_rejections
 
 
 def test_a_part_whose_reading_process_is_gone_takes_what_came_and_stops_without_a_traceback() -> None:
-    receiving, sending = multiprocessing.Pipe(duplex=False)
-    sending.send_bytes(msgspec.msgpack.encode(PartChunk(prompts=list(prompts(2)), rejected=[])))  # type: ignore[arg-type]
-    sending.close()
-    assert [[item.row for item in chunk] for chunk in received_chunks(receiving)] == [[1, 2]]
+    stream = io.BytesIO()
+    write_frame(stream, msgspec.msgpack.encode(PartChunk(prompts=list(prompts(2)), rejected=[])))  # type: ignore[arg-type]
+    stream.seek(0)  # and then nothing: no end-of-input frame
+    assert [[item.row for item in chunk] for chunk in received_chunks(stream)] == [[1, 2]]
+
+
+def test_an_error_a_part_reports_is_raised_as_the_class_of_the_producers_tree_it_named() -> None:
+    busy = raised_in_part(PartOutcome(error_type="EnqueueBusy", error="lost its lease"))
+    assert (type(busy), str(busy)) == (EnqueueBusy, "lost its lease")
+    assert type(raised_in_part(PartOutcome(error_type="NotAnError", error="?"))) is PartFailed
 
 
 @pytest.mark.parametrize(
