@@ -22,6 +22,7 @@ only and the report counts exactly what was enqueued; running the same command a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -154,33 +155,26 @@ class Enqueuer:
         self.source = source
         self.store = store  # where the run's output goes: enqueued ids and rejected rows are kept there
         self.keys = RunKeys(settings.run)
-        self.session_id = uuid.uuid4().hex
         # Batch ids: 64 random bits each, from a generator seeded from the OS once (asking the OS for each
         # of a run's hundreds of thousands of batches cost a second per 6,000 on a cloud VM).
         self._batch_ids = random.Random(uuid.uuid4().int)
         self._scripts = Scripts.register(client)
         self._files = FileNumbers(client, self.keys, self._scripts)
-        self._requeue_orphans = False
-        self.enqueue_number = 0  # this enqueue's place among the run's (its note in `enqueues`)
-        self._own_note = EnqueueNote(source=source, at=0.0)
-        self._notes: dict[int, str] = {}
-
-    @property
-    def session(self) -> EnqueueSession:
-        """What another process needs to enqueue a part of this input as this enqueue (see `open`)."""
-        return EnqueueSession(
-            token=self.session_id,
-            number=self.enqueue_number,
-            note=self._own_note,
-            requeue_orphans=self._requeue_orphans,
+        # its lease's token; its number and note once `open` (what another process needs to enqueue a part
+        # of this input as this enqueue)
+        self.session = EnqueueSession(
+            token=uuid.uuid4().hex, number=0, note=EnqueueNote(source=source, at=0.0), requeue_orphans=False
         )
+        self._notes: dict[int, str] = {}
 
     def _new_batch_id(self) -> str:
         return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
 
     def take_lease(self) -> None:
         """Take the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
-        if self.client.set(self.keys.enqueue_lock, self.session_id, nx=True, px=ENQUEUE_LEASE_S * MS_PER_S):
+        if self.client.set(
+            self.keys.enqueue_lock, self.session.token, nx=True, px=ENQUEUE_LEASE_S * MS_PER_S
+        ):
             return
         raise EnqueueBusy(
             f"another enqueue of run {self.settings.run!r} is at work; wait for it to finish "
@@ -191,7 +185,7 @@ class Enqueuer:
         """Keep the lease while a chunk's writes take long (a slow object store). True while it is ours."""
         return bool(
             self._scripts.extend_lock(
-                keys=[self.keys.enqueue_lock], args=[self.session_id, ENQUEUE_LEASE_S * MS_PER_S]
+                keys=[self.keys.enqueue_lock], args=[self.session.token, ENQUEUE_LEASE_S * MS_PER_S]
             )
         )
 
@@ -242,7 +236,7 @@ class Enqueuer:
 
     def release_lease(self) -> None:
         """Give the lease up, if it is still this enqueue's."""
-        self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session_id])
+        self._scripts.release_lock(keys=[self.keys.enqueue_lock], args=[self.session.token])
 
     def open(self) -> int:
         """Under the lease: note this enqueue in the run (its number), judge whether prompts the run holds
@@ -251,10 +245,13 @@ class Enqueuer:
         # With no batch open, nothing carries a prompt the run holds but has not finished: it was
         # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
         # such prompt is in one of them.
-        self._requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
+        requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
         republished = republish_outbox(self.client, self.settings.run, self.publish)
-        self._own_note = EnqueueNote(source=self.source, at=time.time())
-        self.enqueue_number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(self._own_note)))
+        note = EnqueueNote(source=self.source, at=time.time())
+        number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(note)))
+        self.session = dataclasses.replace(
+            self.session, number=number, note=note, requeue_orphans=requeue_orphans
+        )
         return republished
 
     def enqueue_part(
@@ -263,10 +260,7 @@ class Enqueuer:
         """Enqueue chunks of an input as part of the enqueue `session` opened (in another process, which
         holds its lease): every id of the input that this part holds must come to it alone, so that no
         other part classifies or claims it meanwhile (producer/enqueue_processes.py)."""
-        self.session_id = session.token
-        self.enqueue_number = session.number
-        self._own_note = session.note
-        self._requeue_orphans = session.requeue_orphans
+        self.session = session
         report = EnqueueReport()
         self._enqueue_chunks(chunks, report)
         return report
@@ -329,14 +323,14 @@ class Enqueuer:
         if self.store is not None:  # before Redis: the output never lacks an id the run holds
             record = EnqueuedChunk(
                 ids=[p.id for p in new],
-                enqueue_number=self.enqueue_number,
-                note=self._own_note,
+                enqueue_number=self.session.number,
+                note=self.session.note,
                 fingerprints=fingerprints,
             )
             self.store.put(content_key(ENQUEUED_PREFIX, ids, ".json"), msgspec.json.encode(record))
         explicit = [found for _, found in fingerprinted if found is not None]
         numbered = iter(self._files.holders(explicit))
-        hashed = str(self.enqueue_number)  # a hashed id's holder: the id is its content's digest
+        hashed = str(self.session.number)  # a hashed id's holder: the id is its content's digest
         holders = [hashed if found is None else next(numbered) for _, found in fingerprinted]
         keys = [
             self.keys.enqueued_count,
@@ -346,7 +340,7 @@ class Enqueuer:
             *(self.keys.ids(p.id) for p in new),
         ]
         lease_ms = ENQUEUE_LEASE_S * MS_PER_S
-        args: list[str | bytes | int] = [self.session_id, lease_ms, ids, msgspec.json.encode(holders)]
+        args: list[str | bytes | int] = [self.session.token, lease_ms, ids, msgspec.json.encode(holders)]
         for batch in batches:
             keys.append(self.keys.batch(batch.batch_id))
             args += [encode_blob(batch), batch.batch_id]
@@ -369,8 +363,8 @@ class Enqueuer:
             return [], []
         ids = msgspec.json.encode([p.id for p in prompts])
         keys = [self.keys.done, self.keys.staged, self.keys.dead, *(self.keys.ids(p.id) for p in prompts)]
-        requeue = "1" if self._requeue_orphans else "0"
-        statuses_raw, *holders = self._scripts.classify(keys=keys, args=[ids, requeue, self.enqueue_number])
+        requeue = "1" if self.session.requeue_orphans else "0"
+        statuses_raw, *holders = self._scripts.classify(keys=keys, args=[ids, requeue, self.session.number])
         statuses = statuses_raw.decode()
         digests = [content_digest(p) for p in prompts]  # None for a hashed id: the id is the digest
         held = iter(holders)  # one for each id the run holds, in order
@@ -399,12 +393,12 @@ class Enqueuer:
 
     def _fingerprint(self, prompt: Prompt, digest: str) -> Fingerprint:
         return Fingerprint(
-            digest=digest, enqueue_number=self.enqueue_number, row=prompt.row, file=prompt.file
+            digest=digest, enqueue_number=self.session.number, row=prompt.row, file=prompt.file
         )
 
     def _conflict(self, prompt: Prompt, held: Fingerprint) -> RejectedRow:
         earlier = self._files.named(held)
-        if earlier.enqueue_number == self.enqueue_number:
+        if earlier.enqueue_number == self.session.number:
             where, kept = f"{earlier.place()} of this input", f"{earlier.place()}'s version"
         else:
             where = f"{earlier.place()} of {self._note(earlier.enqueue_number)}"

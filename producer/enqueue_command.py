@@ -176,7 +176,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     given = _validated_run(args, settings, client, run, file_values)
     from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
-    from producer.enqueue_processes import PartSpec, enqueue_in_parts, parts_for
+    from producer.enqueue_processes import enqueue_in_parts, parts_for
     from producer.publisher import BatchPublisher
     from workers.recovery.reconciler import Reconciler, ReconcileSettings
     from workers.state.dispatch import CeleryDispatcher
@@ -198,14 +198,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
         if parts == 1:
             report = enqueuer.enqueue(items)
         else:
-            spec = PartSpec(
-                redis_url=worker_settings.redis_url,
-                broker=worker_settings.broker,
-                settings=pinned,
-                source=args.data,
-                output_url=store.url,
+            report = enqueue_in_parts(
+                enqueuer, items, parts, redis_url=worker_settings.redis_url, broker=worker_settings.broker
             )
-            report = enqueue_in_parts(enqueuer, items, spec, parts)
     finally:
         publisher.close()
     print(f"run {run}: output {pinned.output_url}")

@@ -243,13 +243,23 @@ def _place(row: RejectedRow) -> tuple[str, int]:
 def enqueue_in_parts(
     enqueuer: Enqueuer,
     items: Iterable[Prompt | RejectedRow],
-    spec: PartSpec,
     parts: int,
     *,
+    redis_url: str,
+    broker: BrokerOptions,
     start_part: Callable[[int, PartSpec, EnqueueSession], Part] = Part,
 ) -> EnqueueReport:
-    """Enqueue `items` as `enqueuer`'s enqueue, in `parts` processes (see the module docstring). Raises
-    what a part raised (the first), once every part has stopped."""
+    """Enqueue `items` as `enqueuer`'s enqueue, in `parts` processes (see the module docstring), each
+    reaching Redis at `redis_url` and the broker with `broker`. Raises what a part raised (the first), once
+    every part has stopped."""
+    output_url = enqueuer.store.url if enqueuer.store is not None else None
+    spec = PartSpec(
+        redis_url=redis_url,
+        broker=broker,
+        settings=enqueuer.settings,
+        source=enqueuer.source,
+        output_url=output_url,
+    )
     with enqueuer.holding_lease():
         interrupted = False
         try:

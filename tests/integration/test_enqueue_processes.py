@@ -60,13 +60,6 @@ def pinned_run(client: redis.Redis, tmp_path: Path, run: str) -> RunSettings:
     return pinned
 
 
-def spec_of(redis_url: str, settings: RunSettings, data: str) -> PartSpec:
-    broker = WorkerSettings(redis_url=redis_url).broker
-    return PartSpec(
-        redis_url=redis_url, broker=broker, settings=settings, source=data, output_url=settings.output_url
-    )
-
-
 def enqueue(
     redis_url: str,
     settings: RunSettings,
@@ -83,13 +76,14 @@ def enqueue(
         return part
 
     client = redis.Redis.from_url(redis_url)
-    publisher = BatchPublisher(sending_app(WorkerSettings(redis_url=redis_url).broker))
+    broker = WorkerSettings(redis_url=redis_url).broker
+    publisher = BatchPublisher(sending_app(broker))
     try:
         enqueuer = Enqueuer(client, settings, publisher, source=data, store=open_store(settings.output_url))
         rows = items if items is not None else iter_prompts(data)
         if parts == 1:
             return enqueuer.enqueue(rows)
-        return enqueue_in_parts(enqueuer, rows, spec_of(redis_url, settings, data), parts, start_part=start)
+        return enqueue_in_parts(enqueuer, rows, parts, redis_url=redis_url, broker=broker, start_part=start)
     finally:
         publisher.close()
 
@@ -137,6 +131,15 @@ def read_until(data: str, row: int, then: Callable[[], None]) -> Iterator[Prompt
         yield item
 
 
+def a_re_run_completes(
+    redis_url: str, client: redis.Redis, settings: RunSettings, data: str, prompts: int
+) -> EnqueueReport:
+    """Running the same enqueue again leaves the run whole, holding all `prompts` once; its report."""
+    report = enqueue(redis_url, settings, data, parts=PARTS)
+    assert len(assert_whole(client, settings.run)) == prompts
+    return report
+
+
 def counts(report: EnqueueReport) -> tuple[int, ...]:
     return (
         report.new,
@@ -179,9 +182,8 @@ def test_ctrl_c_in_the_reading_process_stops_every_part_with_the_counts_exactly_
     assert report.interrupted
     held = assert_whole(redis_client, "stopped")
     assert report.new == len(held) < 940
-    rest = enqueue(redis_url, settings, data, parts=PARTS)
+    rest = a_re_run_completes(redis_url, redis_client, settings, data, 940)
     assert rest.new == 940 - report.new
-    assert len(assert_whole(redis_client, "stopped")) == 940
 
 
 def test_a_lease_taken_over_meanwhile_stops_every_part_and_says_run_again(
@@ -198,8 +200,7 @@ def test_a_lease_taken_over_meanwhile_stops_every_part_and_says_run_again(
 
     assert len(assert_whole(redis_client, "taken")) < 940
     redis_client.delete(RunKeys("taken").enqueue_lock)
-    enqueue(redis_url, settings, data, parts=PARTS)
-    assert len(assert_whole(redis_client, "taken")) == 940
+    a_re_run_completes(redis_url, redis_client, settings, data, 940)
 
 
 def test_a_part_killed_midway_ends_the_enqueue_with_one_message_and_running_again_adds_the_rest_once(
@@ -210,7 +211,7 @@ def test_a_part_killed_midway_ends_the_enqueue_with_one_message_and_running_agai
     started: list[Part] = []
 
     def kill_part_0() -> None:
-        os.kill(started[0].pid or 0, signal.SIGKILL)
+        os.kill(started[0].pid, signal.SIGKILL)
 
     with pytest.raises(PartFailed, match=r"enqueue part 0 ended .* run the same command again"):
         enqueue(
@@ -218,8 +219,7 @@ def test_a_part_killed_midway_ends_the_enqueue_with_one_message_and_running_agai
         )
 
     assert_whole(redis_client, "killed")
-    enqueue(redis_url, settings, data, parts=PARTS)
-    assert len(assert_whole(redis_client, "killed")) == 2820
+    a_re_run_completes(redis_url, redis_client, settings, data, 2820)
     assert redis_client.scard(RunKeys("killed").unpublished) == 0
 
 
@@ -241,5 +241,4 @@ def test_input_that_fails_part_way_ends_every_part_with_its_chunks_enqueued_whol
     assert started and not any(Path(f"/proc/{part.pid}").exists() for part in started)
     assert 0 < len(assert_whole(redis_client, "cut")) < 940
     assert redis_client.exists(RunKeys("cut").enqueue_lock) == 0
-    enqueue(redis_url, settings, data, parts=PARTS)
-    assert len(assert_whole(redis_client, "cut")) == 940
+    a_re_run_completes(redis_url, redis_client, settings, data, 940)
