@@ -6,6 +6,11 @@ pauses meanwhile). Every decode step takes `base + per_request * running` and gi
 request `accept_length` tokens on average (exactly: `1 + floor(steps * accept_length)` tokens after
 `steps` verifies, the first token coming from prefill).
 
+A request may be retracted, as SGLang's scheduler retracts requests when the KV pool runs out: taken
+out of the running batch after its first token and put back in the queue after a pause (its stream
+silent meanwhile), then prefilled again with what it produced so far and continued. Here it is a prompt
+fault (`retract`), and only under load: a request running alone is never retracted.
+
 The engine never sleeps once per step. On each wake-up it commits, in bulk, every step that has
 ended by now, stopping only at events (a request finishing, a queued request becoming admissible),
 then sleeps until the next event is due: a request's completion, a prefill's end, or the next
@@ -47,6 +52,9 @@ class SimRequest:
     target_tokens: int
     streaming: bool
     stalled: bool = False  # admitted and given its first token, then never another (a prompt fault)
+    retract_pause_wall_s: float = 0.0  # under load, retracted once after its first token for this long
+    retracted: bool = False
+    base_tokens: int = 0  # produced before a retraction: a resumed request continues from there
     arrival_model_s: float = 0.0
     arrival_wall_s: float = 0.0
     phase: Phase = Phase.WAITING
@@ -97,6 +105,8 @@ class Engine:
         self.total_verifies = 0
         self.total_decode_tokens = 0  # every token but each request's first, which prefill produces
         self.total_prefill_tokens = 0
+        self.retracted_waiting = 0  # retracted and not back in the queue yet
+        self.total_retracted = 0
 
     # ----- time -----
     def model_now(self) -> float:
@@ -107,7 +117,9 @@ class Engine:
             return 0
         if request.stalled:
             return 1
-        return min(request.target_tokens, 1 + steps * self._accept_num // self._accept_den)
+        return min(
+            request.target_tokens, request.base_tokens + 1 + steps * self._accept_num // self._accept_den
+        )
 
     def _steps_needed(self, target_tokens: int) -> int:
         if target_tokens <= 1:
@@ -130,7 +142,7 @@ class Engine:
     def produced(self, request: SimRequest) -> int:
         if request.phase is Phase.RUNNING:
             return self._tokens_after(request, self._step - request.start_step)
-        return request.final_tokens if request.phase is Phase.FINISHED else 0
+        return request.final_tokens if request.phase is Phase.FINISHED else request.base_tokens
 
     def kv_tokens(self) -> int:
         return sum(request.prompt_tokens + self.produced(request) for request in self._running)
@@ -176,9 +188,12 @@ class Engine:
         if request.phase is Phase.FINISHED:
             return
         if request.phase is Phase.WAITING:
-            if request not in self._waiting:
+            if request in self._waiting:
+                self._waiting.remove(request)
+            elif request.retracted:
+                self.retracted_waiting -= 1  # aborted during its pause: it never comes back
+            else:
                 return  # never submitted
-            self._waiting.remove(request)
         else:
             self._running.discard(request)
         verifies = self._step - request.start_step if request.phase is Phase.RUNNING else 0
@@ -263,9 +278,14 @@ class Engine:
             self._commit_steps(int(steps), step_s)
 
     def _steps_to_next_finish(self) -> float:
-        while self._heap and self._heap[0][2].phase is not Phase.RUNNING:
+        while self._heap and not self._due_entry(*self._heap[0]):
             heapq.heappop(self._heap)
         return self._heap[0][0] - self._step if self._heap else math.inf
+
+    @staticmethod
+    def _due_entry(finish_step: int, _sequence: int, request: SimRequest) -> bool:
+        """A heap entry still stands for its request (not a retracted request's earlier admission)."""
+        return request.phase is Phase.RUNNING and finish_step == request.finish_step
 
     def _steps_per_stream_chunk(self, step_s: float) -> float:
         if not any(request.streaming and not request.stalled for request in self._running):
@@ -279,12 +299,16 @@ class Engine:
             self._waiting.popleft()  # the batch is a prefix of the FIFO queue
             request.phase = Phase.RUNNING
             request.start_step = self._step
-            request.admitted_wall_s = request.first_token_wall_s = now_wall
-            request.finish_step = self._step + self._steps_needed(request.target_tokens)
+            if request.admitted_wall_s is None:
+                request.admitted_wall_s = request.first_token_wall_s = now_wall
+            request.finish_step = self._step + self._steps_needed(request.target_tokens - request.base_tokens)
             self._running.add(request)
             if not request.stalled:  # a stalled request holds its slot until it is aborted
                 heapq.heappush(self._heap, (request.finish_step, next(self._sequence), request))
             request.progress.set()
+        for request in batch:
+            if request.retract_pause_wall_s and not request.retracted and len(self._running) > 1:
+                self._retract(request)
         self.total_prefill_tokens += new_tokens
         throughput = new_tokens / duration_s * self._settings.speedup if duration_s > 0 else 0.0
         if self._log.due("prefill"):
@@ -337,10 +361,33 @@ class Engine:
             )
         self._window = _Window()
 
+    def _retract(self, request: SimRequest) -> None:
+        """Take a request out of the running batch with what it produced; it is queued again after its
+        pause (SGLang's `retract_decode`, here on a prompt fault)."""
+        request.base_tokens = self._tokens_after(request, self._step - request.start_step)
+        self._running.discard(request)
+        request.phase = Phase.WAITING
+        request.retracted = True
+        self.retracted_waiting += 1
+        self.total_retracted += 1
+        self._loop.call_later(request.retract_pause_wall_s, self._requeue, request)
+
+    def _requeue(self, request: SimRequest) -> None:
+        if request.phase is not Phase.WAITING or request.aborted:
+            return
+        self.retracted_waiting -= 1
+        arrival = self.model_now()
+        if self._waiting:  # first in line, as the oldest request waiting; the queue stays in arrival order
+            arrival = min(arrival, self._waiting[0].arrival_model_s)
+        request.arrival_model_s = arrival
+        self._waiting.appendleft(request)
+        self._wake.set()
+
     def _finish_due(self) -> None:
         while self._heap and self._heap[0][0] <= self._step:
-            _, _, request = heapq.heappop(self._heap)
-            if request.phase is Phase.RUNNING:
+            entry = heapq.heappop(self._heap)
+            request = entry[2]
+            if self._due_entry(*entry):
                 self._running.discard(request)
                 steps = self._step - request.start_step
                 self._finish(request, self._tokens_after(request, steps), steps)

@@ -1,5 +1,5 @@
-"""Faults on demand: injected errors, hangs, dropped connections, a crash, a whole-server hang, and
-faults keyed by prompt content (`prompt_faults.py`).
+"""Faults on demand: injected errors, hangs, dropped connections, a crash, a whole-server hang, a server
+that crashes every so often, and faults keyed by prompt content (`prompt_faults.py`).
 
 Set at start from the settings; switched at run time through `POST /admin/faults`. Each chat request
 draws its fate once: from its prompt's fault if its messages match one, else from a seeded generator
@@ -31,6 +31,15 @@ from inference.simulator.settings import ERROR_STATUS_CHOICES, SimulatorSettings
 
 FAULT_SEED_SALT = 0x5EED_FA17
 CRASH_LOG_MESSAGE = "Simulated crash: SIGKILL after %d chat requests"
+PROMPT_CRASH_LOG_MESSAGE = "Simulated crash: SIGKILL on a prompt with a crash fault"
+FLAKY_CRASH_LOG_MESSAGE = "Simulated crash: SIGKILL %g s after start (--crash-every-s)"
+
+
+def die(message: str, *args: object) -> None:
+    """End the process as a crashed server does: no response, no cleanup (SIGKILL)."""
+    logging.getLogger(__name__).error(message, *args)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Faults(msgspec.Struct, kw_only=True, frozen=True):
@@ -79,6 +88,25 @@ class Fate(enum.Enum):
     HANG = "hang"  # never answered, never admitted
     DROP = "drop"
     STALL = "stall"  # admitted, its first token (a stream's first chunk), then nothing: the slot held
+    WEDGE = "wedge"  # the server hangs as it takes the request in (as `server_hang`)
+    CRASH = "crash"  # the process dies as the request arrives
+    RETRACT = "retract"  # under load, taken out after its first token for a pause, then resumed
+
+
+_PROMPT_FATES = {
+    PromptFaultKind.DROP: Fate.DROP,
+    PromptFaultKind.HANG: Fate.STALL,
+    PromptFaultKind.WEDGE: Fate.WEDGE,
+    PromptFaultKind.CRASH: Fate.CRASH,
+    PromptFaultKind.RETRACT: Fate.RETRACT,
+}
+
+
+class Drawn(msgspec.Struct, frozen=True):
+    """A chat request's fate; a retracted one's pause in wall seconds."""
+
+    fate: Fate
+    pause_s: float = 0.0
 
 
 class FaultController:
@@ -125,17 +153,15 @@ class FaultController:
         """Count a chat request; die like a SIGKILLed server once the crash count is passed."""
         self._received += 1
         if self._crash_after is not None and self._received > self._crash_after:
-            logging.getLogger(__name__).error(CRASH_LOG_MESSAGE, self._received - 1)
-            sys.stderr.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+            die(CRASH_LOG_MESSAGE, self._received - 1)
 
-    def draw(self, messages: Sequence[Mapping[str, Any]]) -> Fate:
+    def draw(self, messages: Sequence[Mapping[str, Any]]) -> Drawn:
         prompt_fate = self._prompt_fate(messages)
         if prompt_fate is not None:
             return prompt_fate
         faults = self.faults
         if not (faults.error_rate or faults.hang_rate or faults.drop_rate):
-            return Fate.NORMAL
+            return Drawn(Fate.NORMAL)
         draw = self._rng.random()
         for fate, rate in (
             (Fate.ERROR, faults.error_rate),
@@ -143,11 +169,11 @@ class FaultController:
             (Fate.DROP, faults.drop_rate),
         ):
             if draw < rate:
-                return fate
+                return Drawn(fate)
             draw -= rate
-        return Fate.NORMAL
+        return Drawn(Fate.NORMAL)
 
-    def _prompt_fate(self, messages: Sequence[Mapping[str, Any]]) -> Fate | None:
+    def _prompt_fate(self, messages: Sequence[Mapping[str, Any]]) -> Drawn | None:
         """The fate of the first prompt fault whose substring is in the messages, spending one of its
         times; None when none matches."""
         if not self.faults.prompt_faults:
@@ -156,7 +182,7 @@ class FaultController:
         for substring, fault in self.faults.prompt_faults.items():
             if substring in text:
                 self._spend(substring, fault)
-                return Fate.DROP if fault.fault is PromptFaultKind.DROP else Fate.STALL
+                return Drawn(_PROMPT_FATES[fault.fault], fault.pause_s or 0.0)
         return None
 
     def _spend(self, substring: str, fault: PromptFault) -> None:

@@ -102,7 +102,14 @@ class _SchedulerGauges(Collector):
         yield self._gauge(
             "sglang:spec_num_draft_tokens", "Speculative draft tokens.", settings.speculative_num_draft_tokens
         )
-        yield self._gauge("sglang:num_retracted_reqs", "The number of retracted requests.", 0)
+        yield self._gauge(
+            "sglang:num_retracted_reqs", "The number of retracted requests.", engine.retracted_waiting
+        )
+        retracted = CounterMetricFamily(
+            "sglang:num_retracted_requests", "Total number of retracted requests.", labels=SCHEDULER_LABELS
+        )
+        retracted.add_metric(self._labels, engine.total_retracted)
+        yield retracted
         yield self._gauge(
             "sglang:max_total_num_tokens", "Maximum total tokens in the KV pool.", settings.max_total_tokens
         )

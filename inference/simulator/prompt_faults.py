@@ -1,9 +1,11 @@
 """Faults keyed by prompt content, for tests of poison prompts: every request whose messages contain a
-substring is dropped or hangs, on every server that has the fault, or only the next N such requests.
+substring is dropped, hangs, wedges or crashes the whole server, or is retracted under load, on every
+server that has the fault, or only the next N such requests.
 
-`{"<substring>": "drop" | "hang"}`, or `{"<substring>": {"fault": "hang", "times": 1}}` for the next
-N matching requests only (then the entry is spent and removed). Set at start with `--prompt-faults
-JSON`, or at run time as `prompt_faults` of `POST /admin/faults`.
+`{"<substring>": "drop" | "hang" | "wedge" | "crash"}`, or `{"<substring>": {"fault": "hang", "times": 1}}`
+for the next N matching requests only (then the entry is spent and removed), or
+`{"<substring>": {"fault": "retract", "pause_s": 40}}`. Set at start with `--prompt-faults JSON`, or at
+run time as `prompt_faults` of `POST /admin/faults`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import msgspec
 class PromptFaultKind(enum.StrEnum):
     DROP = "drop"  # the connection is closed half-way through the request, as with --drop-rate
     HANG = "hang"  # admitted (a stream gets its first chunk), then nothing more: the slot stays held
+    WEDGE = "wedge"  # the whole server hangs as it takes the request in: no token for anyone, /health 200
+    CRASH = "crash"  # the server process dies (SIGKILL) as the request arrives
+    RETRACT = "retract"  # under load, taken out after its first token for `pause_s`, then resumed
 
 
 class PromptFault(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fault: PromptFaultKind
     times: int | None = None  # the next N matching requests; None: every one
+    pause_s: float | None = None  # a retracted request's silence, wall seconds (retract only)
 
     def problems(self, substring: str) -> list[str]:
         found = []
@@ -30,6 +36,11 @@ class PromptFault(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             found.append("a prompt fault's substring must not be empty")
         if self.times is not None and self.times < 1:
             found.append(f"prompt fault {substring!r}: times must be at least 1 or null")
+        retracts = self.fault is PromptFaultKind.RETRACT
+        if retracts and (self.pause_s is None or self.pause_s <= 0):
+            found.append(f"prompt fault {substring!r}: retract needs pause_s, a positive number of seconds")
+        if not retracts and self.pause_s is not None:
+            found.append(f"prompt fault {substring!r}: pause_s is for retract only")
         return found
 
 

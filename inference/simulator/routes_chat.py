@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from inference.simulator.engine import Phase, QueueFullError, SimRequest
-from inference.simulator.faults import Fate
+from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE, Fate, die
 from inference.simulator.protocol import (
     RECORDED_FIELDS,
     ChatRequest,
@@ -127,12 +127,9 @@ class _ChatCall:
         record.prompt_tokens = validate_chat_request(settings, body)
         if record.rid in state.in_flight:
             raise bad_request(f"Duplicate request ID detected: {record.rid}")
-        fate = state.faults.draw(body.messages)
-        if fate is Fate.ERROR:
-            record.status = "error"
-            if state.faults.faults.error_status == web.HTTPServiceUnavailable.status_code:
-                raise http_exception(web.HTTPServiceUnavailable.status_code, INJECTED_503_MESSAGE)
-            raise internal_error(INJECTED_500_MESSAGE)
+        drawn = state.faults.draw(body.messages)
+        fate = drawn.fate
+        self._fail_at_once(fate, record)
         plan = plan_generation(
             settings,
             body.messages,
@@ -152,6 +149,7 @@ class _ChatCall:
             target_tokens=produce,
             streaming=body.stream,
             stalled=fate is Fate.STALL,
+            retract_pause_wall_s=drawn.pause_s if fate is Fate.RETRACT else 0.0,
         )
         state.in_flight[record.rid] = request
         submitted = False
@@ -161,10 +159,7 @@ class _ChatCall:
                 await asyncio.get_running_loop().create_future()  # never resolved: the client gives up
             if fate is Fate.STALL:
                 record.status = "hung"  # admitted, then silent until the client gives up
-            try:
-                state.engine.submit(request)
-            except QueueFullError as exc:
-                raise http_exception(web.HTTPServiceUnavailable.status_code, str(exc)) from exc
+            self._submit(request, fate, record)
             submitted = True
             if body.stream:
                 return await self._stream(body, plan, request, record, drop=fate is Fate.DROP)
@@ -182,6 +177,28 @@ class _ChatCall:
                 self._settle(plan, request, record)
                 if state.metrics is not None:
                     state.metrics.observe_finished(request, record.prompt_tokens, record.completion_tokens)
+
+    def _fail_at_once(self, fate: Fate, record: RequestRecord) -> None:
+        """The faults that end a request as it arrives: the process dies, or an error is answered."""
+        if fate is Fate.CRASH:
+            die(PROMPT_CRASH_LOG_MESSAGE)
+        if fate is Fate.ERROR:
+            record.status = "error"
+            if self.state.faults.faults.error_status == web.HTTPServiceUnavailable.status_code:
+                raise http_exception(web.HTTPServiceUnavailable.status_code, INJECTED_503_MESSAGE)
+            raise internal_error(INJECTED_500_MESSAGE)
+
+    def _submit(self, request: SimRequest, fate: Fate, record: RequestRecord) -> None:
+        """Queue the request at the scheduler; a wedge fault hangs the scheduler as it takes it in."""
+        state = self.state
+        try:
+            state.engine.submit(request)
+        except QueueFullError as exc:
+            raise http_exception(web.HTTPServiceUnavailable.status_code, str(exc)) from exc
+        if fate is Fate.WEDGE:  # nothing produces a token any more, /health still 200 (as server_hang)
+            record.status = "hung"
+            state.faults.update({"server_hang": True})
+            state.engine.set_hung(True)
 
     def _settle(self, plan: GenerationPlan, request: SimRequest, record: RequestRecord) -> None:
         """Copy the final counts into the record."""

@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from inference.simulator.engine import Engine
-from inference.simulator.faults import FaultController
+from inference.simulator.faults import FLAKY_CRASH_LOG_MESSAGE, FaultController, die
 from inference.simulator.metrics import SimulatorMetrics
 from inference.simulator.protocol import internal_error
 from inference.simulator.request_log import RequestLog
@@ -143,6 +143,8 @@ async def serve(settings: SimulatorSettings, launch_command: str) -> int:
         if not await _wait(stop, settings.warmup_seconds):
             state.status = ServerStatus.UP
             log.info(READY_MESSAGE)
+            if settings.crash_every_s is not None:
+                loop.call_later(settings.crash_every_s, die, FLAKY_CRASH_LOG_MESSAGE, settings.crash_every_s)
             await stop.wait()
     finally:
         state.engine.close()

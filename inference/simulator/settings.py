@@ -175,10 +175,16 @@ class SimulatorSettings:
     crash_after_requests: int | None = _option(
         "SIGKILL the process when chat request N+1 arrives.", default=None
     )
+    crash_every_s: float | None = _option(
+        "SIGKILL the process this many wall seconds after it is up, whatever it serves (a flaky server; "
+        "each restart fails again as long).",
+        default=None,
+    )
     server_hang: bool = _option("Start hung: /health 200 but no token is produced.", default=False)
     prompt_faults: str | None = _option(
-        'Faults keyed by prompt content, a JSON object: {"SUBSTRING": "drop"|"hang"} or '
-        '{"SUBSTRING": {"fault": "hang", "times": N}} (docs/simulator.md).',
+        'Faults keyed by prompt content, a JSON object: {"SUBSTRING": "drop"|"hang"|"wedge"|"crash"}, '
+        '{"SUBSTRING": {"fault": "hang", "times": N}} or {"SUBSTRING": {"fault": "retract", "pause_s": S}} '
+        "(docs/simulator.md).",
         default=None,
     )
     request_log_size: int = _option(
@@ -218,6 +224,10 @@ class SimulatorSettings:
                     "sigmas must be non-negative",
                 ),
                 (self.error_status not in ERROR_STATUS_CHOICES, "--error-status must be 500 or 503"),
+                (
+                    self.crash_every_s is not None and self.crash_every_s <= 0,
+                    "--crash-every-s must be positive",
+                ),
                 (self.reasoning_parser not in REASONING_PARSER_CHOICES, "unknown --reasoning-parser"),
                 (
                     self.served_model_name is not None and ":" in self.served_model_name,

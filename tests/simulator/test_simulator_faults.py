@@ -3,16 +3,25 @@ content; the admin routes."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import signal
+import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inference.simulator import AdminClient, SimulatorProcess, SimulatorSettings
 from inference.simulator.prompt_faults import PromptFault, PromptFaultKind
-from tests.simulator.test_simulator_scheduler import poll_until, running_and_queued, send_in_background
+from tests.simulator.test_simulator_scheduler import (
+    poll_until,
+    running_and_queued,
+    sample_value,
+    send_in_background,
+)
 from tests.support.simulator_client import make_client, user
 
 SHORT_TIMEOUT_S = 0.5
@@ -225,3 +234,98 @@ def test_prompt_faults_are_set_at_start_and_validated(
         assert response.status_code == 400, refused
     with pytest.raises(ValueError, match="prompt-faults"):
         SimulatorSettings(prompt_faults="[1, 2]")
+
+
+def realtime_tokens(sim: SimulatorProcess) -> float:
+    exposition = httpx.get(sim.url + "/metrics", timeout=5).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "sglang:realtime_tokens_total"
+    )
+
+
+def test_a_wedge_prompt_fault_hangs_the_whole_server_as_it_takes_the_prompt_in(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    # Given a server at real speed decoding a long request
+    sim = start_simulator(speedup=1.0, enable_metrics=True, prompt_faults='{"poison": "wedge"}')
+    with make_client(sim) as client, make_client(sim, timeout_s=SHORT_TIMEOUT_S) as impatient:
+        call = send_in_background(client, max_tokens=2000, text="a long healthy prompt")
+        poll_until(lambda: realtime_tokens(sim) > 0)
+        # When the poison prompt arrives
+        with pytest.raises(openai.APITimeoutError):
+            impatient.chat.completions.create(model="default", messages=user("the poison"), max_tokens=5)
+        # Then no request makes progress any more, while /health still answers 200
+        frozen = realtime_tokens(sim)
+        call.join(timeout=SHORT_TIMEOUT_S)
+        assert call.is_alive() and realtime_tokens(sim) == frozen
+        assert sim.admin.health_status() == 200 and sim.admin.faults().server_hang
+        # Until the hang is lifted (a restart, in a real server)
+        sim.admin.set_faults(server_hang=False)
+        poll_until(lambda: realtime_tokens(sim) > frozen)
+
+
+def test_a_crash_prompt_fault_kills_the_server_as_the_prompt_arrives(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    sim = start_simulator(prompt_faults='{"poison": "crash"}')
+    with make_client(sim) as client:
+        assert client.chat.completions.create(model="default", messages=user("healthy"), max_tokens=2).choices
+        with pytest.raises(openai.APIConnectionError):
+            client.chat.completions.create(model="default", messages=user("the poison"), max_tokens=2)
+    assert sim.wait_for_exit(timeout_s=10) == -signal.SIGKILL
+
+
+def test_a_flaky_server_dies_every_few_seconds_whatever_it_serves(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    started = time.monotonic()
+    sim = start_simulator(crash_every_s=1.0)
+    assert sim.wait_for_exit(timeout_s=10) == -signal.SIGKILL
+    assert time.monotonic() - started >= 1.0
+    assert "SIGKILL 1 s after start (--crash-every-s)" in sim.log_text()
+
+
+def chunk_gaps(sim: SimulatorProcess, text: str) -> list[float]:
+    """The wall seconds between the chunks of a stream of `text` (read to its end)."""
+    times: list[float] = []
+    with httpx.stream(
+        "POST",
+        sim.base_url + "/chat/completions",
+        json={"messages": user(text), "max_tokens": 60, "stream": True},
+        timeout=10,
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                times.append(time.monotonic())
+    assert times, "no chunk came"
+    return [later - earlier for earlier, later in itertools.pairwise(times)]
+
+
+def retracted_total(sim: SimulatorProcess) -> float:
+    return sample_value(
+        httpx.get(sim.url + "/metrics", timeout=5).text, "sglang:num_retracted_requests_total"
+    )
+
+
+def test_a_retracted_request_goes_silent_under_load_then_completes_and_alone_is_never_retracted(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    # Given a server at real speed whose "long input" prompts are retracted for 1.5 s under load
+    pause_s = 1.5
+    faults = json.dumps({"long input": {"fault": "retract", "pause_s": pause_s}})
+    sim = start_simulator(speedup=1.0, enable_metrics=True, prompt_faults=faults)
+    # When one runs alone, it streams without a pause and is not retracted
+    assert max(chunk_gaps(sim, "a long input, alone")) < pause_s / 2
+    assert retracted_total(sim) == 0
+    # When one runs while another request decodes, it falls silent after its first chunk, then completes
+    with make_client(sim) as client:
+        send_in_background(client, max_tokens=2000, text="a healthy prompt keeping the server busy")
+        poll_until(lambda: running_and_queued(sim)[0] == 1)
+        gaps = chunk_gaps(sim, "a long input, under load")
+    assert max(gaps) >= pause_s
+    assert retracted_total(sim) == 1
+    records = [r for r in sim.admin.requests() if r.status == "ok" and r.completion_tokens == 60]
+    assert len(records) == 2  # both answered in full
