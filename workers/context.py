@@ -18,6 +18,7 @@ from inference.server_probe import ServerProbe
 from workers.generate.generation import GenerationEngine, RetryPolicy
 from workers.generate.server_record import ServerRecord
 from workers.generate.tails import BatchTails
+from workers.generate.trials import TrialSettings
 from workers.record.object_store import ObjectStore
 from workers.record.storage import open_store
 from workers.record.uploader import Uploader
@@ -82,6 +83,9 @@ class WorkerContext:
                 origin=self.origin,
                 server_identity=self.seat.token[:SERVER_IDENTITY_CHARS],
                 silence_limit_s=settings.silence_limit_s,
+                trials=TrialSettings(
+                    silence_limit_s=settings.liveness_stall_s, timing_floor_s=settings.liveness_poll_s
+                ),
             ),
         )
 

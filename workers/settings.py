@@ -17,6 +17,7 @@ from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
 from workers.errors import InvalidSetting
+from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, DEFAULT_LIVENESS_STALL_S
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S
 from workers.record.upload_settings import UploadSettings
 from workers.recovery.consumer_watch import DEFAULT_NOT_CONSUMING_LIMIT_S
@@ -41,12 +42,6 @@ DEFAULT_BATCHES_IN_FLIGHT = 8
 DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see docs/failures.md
 DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back
-DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
-# Liveness (docs/liveness.md): a server with requests running and no token progress for this long is hung.
-# SGLang 0.5.23 counts decode tokens per forward pass (realtime_tokens_total): with anything running it
-# moves every few seconds. 300 s is far above that, above a 40k-token prefill or a first batch's warm-up,
-# and a real hang costs at most 5 minutes of one GPU; a false alarm costs up to 48 abandoned requests.
-DEFAULT_LIVENESS_STALL_S = 300.0
 # A server exporting only completion counters (the simulator, older SGLang) shows progress only when a
 # request finishes. With 48 running they finish about once a second, but a run's first 48 requests start
 # together, and if all think long (40,960-token context at ~48 tokens/s each: ~14 min) none finishes for

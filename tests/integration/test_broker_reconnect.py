@@ -15,13 +15,9 @@ import pytest
 import redis
 
 from devstack.local_stack import free_port, start_redis, wait_until
-from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
-from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators_running
-from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPLOAD_MAX_COMPLETIONS
-from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
+from tests.support.stack import README_WORKER_ENV, Stack, simulators_running
 from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
@@ -32,14 +28,6 @@ SPEEDUP = 10.0  # a request lasts a few seconds, the run a few minutes without f
 PROGRESS_BETWEEN_RESTARTS = 20  # completions handed over between two restarts: the workers consume again
 PROGRESS_S = 120.0
 FINISH_S = 420.0
-README_DEFAULTS = {  # over the integration stack's fast settings: a restart must be ridden out as shipped
-    "DRAFTGEN_UPLOAD_MAX_AGE_S": str(DEFAULT_UPLOAD_MAX_AGE_S),
-    "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": str(DEFAULT_UPLOAD_MAX_COMPLETIONS),
-    "DRAFTGEN_SERVER_DOWN_RETRY_S": str(DEFAULT_SERVER_DOWN_RETRY_S),
-    "DRAFTGEN_BACKOFF_BASE_S": str(DEFAULT_BACKOFF_BASE_S),
-    "DRAFTGEN_BACKOFF_CAP_S": str(DEFAULT_BACKOFF_CAP_S),
-    "DRAFTGEN_REQUEST_TIMEOUT_S": str(DEFAULT_REQUEST_TIMEOUT_S),
-}
 
 
 @pytest.fixture
@@ -63,7 +51,7 @@ def test_workers_ride_out_ten_redis_restarts_under_load_and_finish_the_run_thems
     # Given two generate workers and the uploader, with the README's defaults, on a Redis of their own
     port = free_port()
     server = start_redis(port, tmp_path / "redis-data", log_dir / "redis-0")
-    stack = Stack(server.url, log_dir, sims, extra_env=README_DEFAULTS)
+    stack = Stack(server.url, log_dir, sims, extra_env=README_WORKER_ENV)
     try:
         stack.start()
         processes = [*stack.generators, stack.uploader]

@@ -22,7 +22,7 @@ from inference.simulator import SimulatorProcess
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import README_WORKER_ENV, Stack, simulators
 from workers.state.ledger import RunLedger
 
 pytestmark = pytest.mark.integration
@@ -32,14 +32,6 @@ PROMPTS = 120
 SPEEDUP = 50.0
 SILENCE_LIMIT_S = "10"
 FINISH_S = 420.0
-README_DEFAULTS = {  # the suite's stack is tuned for speed; this run is not
-    "DRAFTGEN_UPLOAD_MAX_AGE_S": "60",
-    "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "1000",
-    "DRAFTGEN_SERVER_DOWN_RETRY_S": "30",
-    "DRAFTGEN_BACKOFF_BASE_S": "1",
-    "DRAFTGEN_BACKOFF_CAP_S": "60",
-    "DRAFTGEN_REQUEST_TIMEOUT_S": "1200",
-}
 
 
 @pytest.fixture
@@ -54,7 +46,7 @@ def sims() -> Iterator[list[SimulatorProcess]]:
 @pytest.fixture
 def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterator[Stack]:
     running = Stack(
-        redis_url, log_dir, sims, extra_env={**README_DEFAULTS, "DRAFTGEN_SILENCE_LIMIT_S": SILENCE_LIMIT_S}
+        redis_url, log_dir, sims, extra_env={**README_WORKER_ENV, "DRAFTGEN_SILENCE_LIMIT_S": SILENCE_LIMIT_S}
     )
     yield running.start()
     running.stop()

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inference.records import Completion, DeadLetter, Turn
-from workers.state.poison import Strike
+from workers.state.poison import Evidence
 
 
 class Recorder:
     def __init__(self) -> None:
         self.staged: list[Completion] = []
         self.dead: list[DeadLetter] = []
-        self.strikes: dict[str, list[Strike]] = {}
+        self.strikes: dict[str, list[Evidence]] = {}  # poison records, as Redis keeps them
         self.turns: dict[str, list[Turn]] = {}
 
     def stage(self, completion: Completion) -> bool:
@@ -24,11 +24,11 @@ class Recorder:
         self.dead.append(letter)
         return True
 
-    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]:
-        self.strikes.setdefault(prompt_id, []).append(strike)
+    def strike(self, prompt_id: str, event: Evidence) -> list[Evidence]:
+        self.strikes.setdefault(prompt_id, []).append(event)
         return list(self.strikes[prompt_id])
 
-    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]:
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Evidence]]:
         return {p: list(self.strikes[p]) for p in prompt_ids if p in self.strikes}
 
     def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool:

@@ -15,13 +15,25 @@ import pyarrow.parquet as pq
 import redis
 
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
+from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
+from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
+from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPLOAD_MAX_COMPLETIONS
+from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.runs import decode_run_settings
 
+README_WORKER_ENV = {  # over FAST_WORKER_ENV: the README's defaults, for scenarios that must hold as shipped
+    "DRAFTGEN_UPLOAD_MAX_AGE_S": str(DEFAULT_UPLOAD_MAX_AGE_S),
+    "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": str(DEFAULT_UPLOAD_MAX_COMPLETIONS),
+    "DRAFTGEN_SERVER_DOWN_RETRY_S": str(DEFAULT_SERVER_DOWN_RETRY_S),
+    "DRAFTGEN_BACKOFF_BASE_S": str(DEFAULT_BACKOFF_BASE_S),
+    "DRAFTGEN_BACKOFF_CAP_S": str(DEFAULT_BACKOFF_CAP_S),
+    "DRAFTGEN_REQUEST_TIMEOUT_S": str(DEFAULT_REQUEST_TIMEOUT_S),
+}
 FAST_WORKER_ENV = {
     "DRAFTGEN_UPLOAD_MAX_AGE_S": "1",
     "DRAFTGEN_UPLOAD_MAX_COMPLETIONS": "100",

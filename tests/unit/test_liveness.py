@@ -17,6 +17,7 @@ from workers.generate.liveness import (
     LivenessJudge,
     LivenessVerdict,
     LivenessWatcher,
+    Outage,
     run_restart_command,
 )
 from workers.settings import WorkerSettings
@@ -250,12 +251,19 @@ class FakeEngine:
     journal: Journal
     in_flight: int = 48
 
-    def suspend(self, reason: str) -> None:
+    outages: list[Outage] = field(default_factory=list)
+
+    def suspend(self, reason: str, outage: Outage | None = None) -> None:
         self.journal.events.append(f"suspend: {reason}")
+        if outage is not None:
+            self.outages.append(outage)
         self.in_flight = 0
 
     def resume(self) -> None:
         self.journal.events.append("resume engine")
+
+    def note_restart(self, reason: str) -> None:
+        self.journal.events.append(f"restart seen: {reason}")
 
 
 @dataclass

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -42,9 +42,12 @@ from inference.records import (
     Turn,
 )
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
+from workers.generate.liveness import Outage
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
+from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Steadiness, TrialSettings
+from workers.generate.tribunal import Tribunal
 from workers.state.ledger import gpu_label
-from workers.state.poison import STRIKING_CAUSES, PoisonPolicy, Strike, Verdict, describe
+from workers.state.poison import Evidence, PoisonPolicy, TrialEnded, Verdict, describe
 from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 log = logging.getLogger(__name__)
@@ -81,14 +84,14 @@ class StatesContextLength(Protocol):
 
 
 class Handover(Protocol):
-    """Where finished work goes: the upload path (staged) or the dead-letter set; the failed requests
-    of prompts, kept across workers (workers/state/poison.py); and the finished turns of conversations
-    not yet staged, for a later delivery to resume at the next turn. Blocking calls."""
+    """Where finished work goes: the upload path (staged) or the dead-letter set; the poison record of
+    prompts (suspicions and trials), kept across workers (workers/state/poison.py); and the finished turns
+    of conversations not yet staged, for a later delivery to resume at the next turn. Blocking calls."""
 
     def stage(self, completion: Completion) -> bool: ...
     def dead_letter(self, letter: DeadLetter) -> bool: ...
-    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]: ...
-    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]: ...
+    def strike(self, prompt_id: str, event: Evidence) -> list[Evidence]: ...
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Evidence]]: ...
     def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool: ...
     def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]: ...
 
@@ -186,7 +189,9 @@ class _Job:
     unsent: int = 0  # prompts whose first request has not been sent yet
     sent: threading.Event = field(default_factory=threading.Event)
     sent_ids: set[str] = field(default_factory=set)
-    alone: set[str] = field(default_factory=set)  # suspects: sent with nothing else in flight
+    suspects: set[str] = field(default_factory=set)  # tried alone (workers/state/poison.py)
+    proven: set[str] = field(default_factory=set)  # their record dead-letters them already
+    evidence: dict[str, list[Evidence]] = field(default_factory=dict)  # the poison records last read
     kept_turns: dict[str, list[Turn]] = field(default_factory=dict)  # conversations' finished turns
     turn_at: dict[str, tuple[int, int]] = field(default_factory=dict)  # conversation -> (turn, of)
 
@@ -227,24 +232,41 @@ class GenerationEngine:
         origin: Origin,
         silence_limit_s: float = DEFAULT_SILENCE_LIMIT_S,
         poison: PoisonPolicy | None = None,
+        trials: TrialSettings | None = None,
         server_identity: str = "",
     ) -> None:
         self._retry = retry
         self.origin = origin  # the worker names the server's facts in it once it has read them
         self._poison = poison or PoisonPolicy()
         self._server_identity = server_identity or uuid.uuid4().hex[:8]  # which server, which process
-        self._server_life = 0  # moves on each time the server went down: the strikes' `life`
-        self._served_since_down = True
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
         self._thread.start()
         self._window = self._call(self._make_window(max_in_flight))
-        self._nobody_alone, self._idle = self._call(self._make_events())
+        self._nobody_alone, self._idle, self._resumed = self._call(self._make_events())
         self._alone_lock = self._call(self._make_lock())
         self._client: ChatClient = self._call(self._make_client(client_factory))
         self._silence = SilenceWatch(silence_limit_s, self._client.chat)
+        trial_settings = trials or TrialSettings()
+        self._steadiness = Steadiness(since=self._loop.time())  # the loop's clock is time.monotonic
+        self._tribunal = Tribunal(
+            self._poison,
+            Court(
+                trial_settings,
+                self._steadiness,
+                self._silence.server_generates,
+                suspended=lambda: self._suspended_because is not None,
+                resumed=self._resumed,
+            ),
+            self._silence,
+            SilenceWatch(trial_settings.silence_limit_s, self._client.chat),
+            self._life,
+            lambda: self._slot(alone=True),
+        )
         self._in_flight: set[asyncio.Task[ChatResult]] = set()
+        self._suspects_waiting = 0
         self._suspended_because: str | None = None
+        self._outage: Outage | None = None
         self._draining = False
 
     @staticmethod
@@ -252,11 +274,12 @@ class GenerationEngine:
         return asyncio.Semaphore(size)
 
     @staticmethod
-    async def _make_events() -> tuple[asyncio.Event, asyncio.Event]:
-        nobody_alone, idle = asyncio.Event(), asyncio.Event()
+    async def _make_events() -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+        nobody_alone, idle, resumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
         nobody_alone.set()
         idle.set()
-        return nobody_alone, idle
+        resumed.set()
+        return nobody_alone, idle, resumed
 
     @staticmethod
     async def _make_lock() -> asyncio.Lock:
@@ -278,16 +301,22 @@ class GenerationEngine:
     def suspended(self) -> bool:
         return self._suspended_because is not None
 
-    def suspend(self, reason: str) -> None:
+    def suspend(self, reason: str, outage: Outage | None = None) -> None:
         """Stop sending requests and abandon those in flight: their prompts go back with their batches.
 
-        Used when the server is hung. Every batch held returns promptly with those prompts left
-        pending, so its message is delivered again (to this worker once resumed, or another).
+        Used when the liveness watch finds the server hung or down (`outage`: its prompts in flight are
+        suspects of poison). Every batch held returns promptly with those prompts left pending, so its
+        message is delivered again (to this worker once resumed, or another); a trial in progress waits
+        for the server to come back, holding it alone.
         """
-        self._call(self._suspend(reason))
+        self._call(self._suspend(reason, outage))
 
-    async def _suspend(self, reason: str) -> None:
+    async def _suspend(self, reason: str, outage: Outage | None = None) -> None:
         self._suspended_because = reason
+        self._outage = outage
+        if outage is not None:
+            self._resumed.clear()
+            self._steadiness.failed(self._loop.time(), server_down=True)
         for task in list(self._in_flight):
             task.cancel()
 
@@ -296,6 +325,15 @@ class GenerationEngine:
 
     async def _resume(self) -> None:
         self._suspended_because = None
+        self._outage = None
+        self._steadiness.back(self._loop.time())
+        self._resumed.set()
+
+    def note_restart(self, reason: str) -> None:
+        """The server restarted behind this worker's back (the liveness watch saw its counters go back):
+        a failure, for the control of poison trials."""
+        log.warning("%s", reason)
+        self._loop.call_soon_threadsafe(lambda: self._steadiness.failed(self._loop.time(), server_down=True))
 
     @property
     def draining(self) -> bool:
@@ -346,10 +384,13 @@ class GenerationEngine:
 
     async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
         if prompts:  # one read a batch: which of its prompts failed before, here or elsewhere
-            known = await asyncio.to_thread(job.handover.strikes_of, [p.id for p in prompts])
-            job.alone = {
-                pid for pid, strikes in known.items() if self._poison.judge(strikes) is not Verdict.AS_USUAL
-            }
+            job.evidence = await asyncio.to_thread(job.handover.strikes_of, [p.id for p in prompts])
+            for prompt_id, evidence in job.evidence.items():
+                verdict = self._poison.judge(evidence)
+                if verdict is Verdict.TRIAL:
+                    job.suspects.add(prompt_id)
+                elif verdict is Verdict.DEAD:  # its worker died between the proof and the dead letter
+                    job.proven.add(prompt_id)
         conversations = [p.id for p in prompts if p.turn_ends]
         if conversations:
             job.kept_turns = await asyncio.to_thread(job.handover.kept_turns, conversations)
@@ -363,6 +404,9 @@ class GenerationEngine:
             job.mark_sent(prompt.id)
 
     async def _generate(self, job: _Job, prompt: Prompt) -> None:
+        if prompt.id in job.proven:
+            await self._dead_letter_poison(job, prompt, job.evidence[prompt.id])
+            return
         if prompt.turn_ends:
             await self._conversation(job, prompt)
             return
@@ -379,7 +423,7 @@ class GenerationEngine:
         in thinking (the turns after it would answer a broken one)."""
         finished = list(job.kept_turns.get(prompt.id, []))
         count = prompt.turn_count
-        async with self._conversation_seat(alone=prompt.id in job.alone):
+        async with self._conversation_seat(alone=prompt.id in job.suspects):
             for index in range(len(finished), count):
                 job.turn_at[prompt.id] = (index + 1, count)
                 request = msgspec.structs.replace(
@@ -471,15 +515,23 @@ class GenerationEngine:
     ) -> Completion | None:
         """One answer within the retry policy; None once the prompt is dead-lettered or left pending.
 
-        A budget retry (`budget_retries` > 0) is never dead-lettered nor left pending: its refusal or
+        A suspect of poison is tried alone (`_trial`) on each attempt; any other prompt whose request the
+        server received and did not answer becomes more suspect (`_suspect`). A budget retry
+        (`budget_retries` > 0) is neither: it is never dead-lettered nor left pending, its refusal or
         failure is raised, and the caller keeps the completion it already had."""
         outcome, run = job.outcome, job.run
         last_error: InferenceUnavailable | None = None
         for attempt in range(1, self._retry.max_attempts + 1):
             rid = f"{run}:{prompt.id}:{uuid.uuid4().hex[:8]}"
-            alone = prompt.id in job.alone
+            on_trial = prompt.id in job.suspects and not budget_retries
             try:
-                result = await self._chat(job, prompt, sampling, rid, alone=alone)
+                if on_trial:
+                    result = await self._trial(job, prompt, sampling, rid)
+                else:
+                    result = await self._chat(job, prompt, sampling, rid, alone=prompt.id in job.suspects)
+            except ProvenPoison as proven:
+                await self._dead_letter_poison(job, prompt, proven.evidence)
+                return None
             except InferenceRejected as error:
                 if budget_retries:
                     raise  # a refused budget retry: the caller keeps the completion it had
@@ -487,16 +539,15 @@ class GenerationEngine:
                 return None
             except InferenceUnavailable as error:
                 last_error = error
-                if self._stop_reason(job) is not None:
-                    break
-                if error.cause in STRIKING_CAUSES and not budget_retries:
-                    strikes = await self._strike(job, prompt, error, alone=alone)
-                    verdict = self._poison.judge(strikes)
-                    if verdict is Verdict.DEAD:
-                        await self._dead_letter_poison(job, prompt, strikes)
+                if not on_trial and not budget_retries:
+                    verdict = await self._tribunal.suspect(job, prompt.id, error)
+                    if verdict is Verdict.DEAD:  # other workers' convictions, and its worker died since
+                        await self._dead_letter_poison(job, prompt, job.evidence[prompt.id])
                         return None
-                    if verdict is Verdict.ALONE:
-                        job.alone.add(prompt.id)
+                if self._stop_reason(job) is not None or (
+                    error.cause is FailureCause.ABANDONED and not on_trial
+                ):
+                    break  # (a trial waited for the server to come back: the next one may follow at once)
                 log.warning(
                     "prompt %s attempt %d/%d: %s", prompt.id, attempt, self._retry.max_attempts, error
                 )
@@ -507,7 +558,7 @@ class GenerationEngine:
                         )
                     )
                 continue
-            self._served_since_down = True
+            self._steadiness.served(self._loop.time())
             return build_completion(prompt, result, sampling, self.origin, attempt, budget_retries)
         assert last_error is not None
         if budget_retries:
@@ -521,31 +572,31 @@ class GenerationEngine:
         )
         return None
 
-    async def _strike(
-        self, job: _Job, prompt: Prompt, error: InferenceUnavailable, *, alone: bool
-    ) -> list[Strike]:
-        """Keep this failure of the prompt with its others (across workers), judged on its own or with
-        the server: cut for its own silence, sent alone, or the server still answering, it is the
-        prompt's; else the server went down, and this server's life ends."""
-        on_its_own = alone or error.cause is FailureCause.SILENT
-        if not on_its_own:
-            why = f"prompt {prompt.id}: {error}"
-            on_its_own = await self._silence.server_generates(job.sampling, why=why)
-        strike = Strike(
-            life=f"{gpu_label(self.origin)}#{self._server_identity}.{self._server_life}",
-            cause=error.cause.value,
-            on_its_own=on_its_own,
-            alone=alone,
-        )
-        if not on_its_own and self._served_since_down:
-            self._server_life += 1
-            self._served_since_down = False
-        return await asyncio.to_thread(job.handover.strike, prompt.id, strike)
+    def _life(self) -> str:
+        return f"{gpu_label(self.origin)}#{self._server_identity}.{self._steadiness.lives}"
 
-    async def _dead_letter_poison(self, job: _Job, prompt: Prompt, strikes: list[Strike]) -> None:
-        error = describe(strikes)
+    def _given_up(self, job: _Job) -> str | None:
+        """Why this worker gives the job's prompts up (stopping, lease lost), a suspension aside."""
+        if self._draining:
+            return "worker shutting down"
+        if not job.still_held():
+            return "batch lease lost"
+        return None
+
+    async def _trial(self, job: _Job, prompt: Prompt, sampling: SamplingSettings, rid: str) -> ChatResult:
+        return await self._tribunal.trial(
+            job,
+            prompt.id,
+            lambda watch, signs: self._send(job, prompt, sampling, rid, watch, signs),
+            stop_reason=lambda: self._stop_reason(job),
+            given_up=lambda: self._given_up(job),
+        )
+
+    async def _dead_letter_poison(self, job: _Job, prompt: Prompt, evidence: list[Evidence]) -> None:
+        error = describe(evidence, self._poison)
         log.error("prompt %s is dead-lettered as a poison prompt: %s", prompt.id, error)
-        await self._dead_letter(job, prompt, REASON_POISON, error, attempts=len(strikes))
+        tried = sum(1 for e in evidence if isinstance(e, TrialEnded))
+        await self._dead_letter(job, prompt, REASON_POISON, error, attempts=tried)
 
     async def _dead_letter(
         self, job: _Job, prompt: Prompt, reason: str, error: str, *, attempts: int
@@ -569,31 +620,47 @@ class GenerationEngine:
     ) -> ChatResult:
         seated = prompt.id in job.turn_at and not alone
         async with self._slot(alone=alone, seated=seated):
-            stop_reason = self._stop_reason(job)
-            if stop_reason is not None:
-                raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
-            job.mark_sent(prompt.id)
-            task = asyncio.ensure_future(
-                self._silence.guard(
-                    rid,
-                    sampling,
-                    lambda on_progress: self._client.chat(prompt.messages, sampling, rid, on_progress),
-                )
-            )
-            self._in_flight.add(task)
-            self._idle.clear()
-            try:
-                return await task
-            except asyncio.CancelledError:
-                if self._suspended_because is None or not task.cancelled():
-                    raise
-                raise InferenceUnavailable(
-                    f"abandoned: {self._suspended_because}", cause=FailureCause.ABANDONED
-                ) from None
-            finally:
-                self._in_flight.discard(task)
-                if not self._in_flight:
-                    self._idle.set()
+            return await self._send(job, prompt, sampling, rid, self._silence)
+
+    async def _send(
+        self,
+        job: _Job,
+        prompt: Prompt,
+        sampling: SamplingSettings,
+        rid: str,
+        watch: SilenceWatch,
+        signs: list[float] | None = None,
+    ) -> ChatResult:
+        """Send the request, in a slot the caller holds, guarded by `watch`; the time of each of its chunks
+        is appended to `signs` when given. AbandonedInFlight when the engine gives it up."""
+        stop_reason = self._stop_reason(job)
+        if stop_reason is not None:
+            raise InferenceUnavailable(f"not sent: {stop_reason}", cause=FailureCause.ABANDONED)
+        job.mark_sent(prompt.id)
+
+        def start(on_progress: ProgressCallback) -> Awaitable[ChatResult]:
+            if signs is None:
+                return self._client.chat(prompt.messages, sampling, rid, on_progress)
+
+            def noted() -> None:
+                signs.append(self._loop.time())
+                on_progress()
+
+            return self._client.chat(prompt.messages, sampling, rid, noted)
+
+        task = asyncio.ensure_future(watch.guard(rid, sampling, start))
+        self._in_flight.add(task)
+        self._idle.clear()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self._suspended_because is None or not task.cancelled():
+                raise
+            raise AbandonedInFlight(self._suspended_because, self._outage) from None
+        finally:
+            self._in_flight.discard(task)
+            if not self._in_flight:
+                self._idle.set()
 
     @contextlib.asynccontextmanager
     async def _conversation_seat(self, *, alone: bool) -> AsyncIterator[None]:
@@ -611,8 +678,9 @@ class GenerationEngine:
     @contextlib.asynccontextmanager
     async def _slot(self, *, alone: bool, seated: bool = False) -> AsyncIterator[None]:
         """One of the window's slots; or, for a suspect, the whole server: it waits for every request
-        in flight to end, and nothing else is sent until it ends, so that its failure tells. A request
-        `seated` in a slot its conversation holds waits only for a suspect to finish."""
+        in flight to end, and nothing else is sent until it ends (nor until the next suspect waiting has
+        had its turn), so that its failure tells. A request `seated` in a slot its conversation holds
+        waits only for the suspects to finish."""
         if seated:
             await self._nobody_alone.wait()
             yield
@@ -629,13 +697,19 @@ class GenerationEngine:
             finally:
                 self._window.release()
             return
-        async with self._alone_lock:
+        self._suspects_waiting += 1
+        try:
+            await self._alone_lock.acquire()
+        finally:
+            self._suspects_waiting -= 1
+        try:
             self._nobody_alone.clear()
-            try:
-                await self._idle.wait()
-                yield
-            finally:
+            await self._idle.wait()
+            yield
+        finally:
+            if not self._suspects_waiting:  # suspects waiting go one after the other, with no drain between
                 self._nobody_alone.set()
+            self._alone_lock.release()
 
     @staticmethod
     async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:
@@ -648,6 +722,7 @@ class GenerationEngine:
 
     def close(self) -> None:
         self._call(self._silence.close())
+        self._call(self._tribunal.trial_silence.close())
         self._call(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()

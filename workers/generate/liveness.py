@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from inference.errors import InferenceRejected, InferenceUnavailable, ServerNotReady
@@ -39,6 +39,12 @@ RESTART_OUTPUT_LOG_CHARS = 4000
 PROGRESS_AFTER_READY_TIMEOUT_S = 60.0
 """The readiness completion itself finishes a request, so the counters move within a scrape or two."""
 WATCHER_STOP_TIMEOUT_S = 10.0
+DEFAULT_LIVENESS_POLL_S = 5.0  # one /metrics scrape: milliseconds of the server's HTTP process
+# Liveness (docs/liveness.md): a server with requests running and no token progress for this long is hung.
+# SGLang 0.5.23 counts decode tokens per forward pass (realtime_tokens_total): with anything running it
+# moves every few seconds. 300 s is far above that, above a 40k-token prefill or a first batch's warm-up,
+# and a real hang costs at most 5 minutes of one GPU; a false alarm costs up to 48 abandoned requests.
+DEFAULT_LIVENESS_STALL_S = 300.0
 
 
 class LivenessConfig(Protocol):
@@ -68,6 +74,16 @@ class Liveness(enum.Enum):
 class LivenessVerdict:
     state: Liveness
     reason: str
+    restarted: bool = False  # a progress counter went back since the last scrape: the server restarted
+
+
+@dataclass(frozen=True)
+class Outage:
+    """What the watch tells the engine it suspends: the server is hung or down, and when (monotonic
+    seconds) it last showed progress, when known. Trials of poison prompts are timed by it."""
+
+    state: str  # a Liveness value
+    stalled_since: float | None = None
 
 
 class LivenessJudge:
@@ -95,6 +111,11 @@ class LivenessJudge:
         self._quiet_since = None
         self._unanswered = 0
 
+    @property
+    def quiet_since(self) -> float | None:
+        """When a progress counter was last seen moving (or the server idle), by the observer's clock."""
+        return self._quiet_since
+
     def window_s(self, snapshot: MetricsSnapshot) -> float:
         return self.stall_s if snapshot.has_step_counter else self.completion_stall_s
 
@@ -108,10 +129,16 @@ class LivenessJudge:
                 )
         else:
             self._unanswered = 0
-            moved = self._last is None or snapshot.progress != self._last.progress
+            last = self._last
+            moved = last is None or snapshot.progress != last.progress
+            restarted = last is not None and any(
+                after < before for after, before in zip(snapshot.progress, last.progress, strict=True)
+            )
             self._last = snapshot
             if moved or not (snapshot.busy or in_flight > 0):
                 self._quiet_since = now
+            if restarted:
+                return replace(self._stall_verdict(now, in_flight), restarted=True)
         return self._stall_verdict(now, in_flight)
 
     def _stall_verdict(self, now: float, in_flight: int) -> LivenessVerdict:
@@ -145,8 +172,9 @@ class Suspendable(Protocol):
 
     @property
     def in_flight(self) -> int: ...
-    def suspend(self, reason: str) -> None: ...
+    def suspend(self, reason: str, outage: Outage | None = None) -> None: ...
     def resume(self) -> None: ...
+    def note_restart(self, reason: str) -> None: ...
 
 
 class ReadyWaiter(Protocol):
@@ -249,6 +277,10 @@ class LivenessWatcher:
         while not self._stop.wait(self._poll_s):
             try:
                 verdict = self.poll_once()
+                if verdict is not None and verdict.restarted:
+                    self._engine.note_restart(
+                        f"server {self._url}'s progress counters went back: it restarted"
+                    )
                 if verdict is not None and verdict.state is not Liveness.LIVE:
                     self.recover(verdict)
             except ShuttingDown:
@@ -290,7 +322,8 @@ class LivenessWatcher:
             self._engine.in_flight,
         )
         self._switch.stop_taking()
-        self._engine.suspend(reason)
+        stalled_since = self._judge.quiet_since if verdict.state is Liveness.HUNG else None
+        self._engine.suspend(reason, Outage(verdict.state.value, stalled_since))
         started = self._clock()
         attempt = 0
         while True:

@@ -201,7 +201,8 @@ class RunKeys:
 
     @property
     def strikes(self) -> str:
-        """Hash prompt id -> its failed requests (JSON list of state.poison.Strike): poison prompts."""
+        """Hash prompt id -> its poison record: suspicions and trials, one JSON event a line, bounded
+        (workers/state/poison.py)."""
         return self._key("strikes")
 
     @property

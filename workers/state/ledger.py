@@ -17,7 +17,7 @@ import redis
 from inference.records import Completion, DeadLetter, Origin, Prompt, Turn
 from workers.state.codec import decode_blob, encode_blob
 from workers.state.keys import RunKeys
-from workers.state.poison import STRIKES_KEPT, Strike
+from workers.state.poison import EVIDENCE_MAX_BYTES, Evidence, decode_evidence, encode_evidence
 from workers.state.protocol import Scripts
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
@@ -144,20 +144,21 @@ class RunLedger:
         args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return bool(self._scripts.dead_letter(keys=keys, args=args))
 
-    def strike(self, prompt_id: str, strike: Strike) -> list[Strike]:
-        """Keep one failed request of a prompt; returns every one kept of it, across workers."""
+    def strike(self, prompt_id: str, event: Evidence) -> list[Evidence]:
+        """Add one event to a prompt's poison record (workers/state/poison.py); returns the whole record,
+        as every worker left it."""
         raw = self._scripts.strike(
-            keys=[self.keys.strikes], args=[prompt_id, msgspec.json.encode(strike), STRIKES_KEPT]
+            keys=[self.keys.strikes], args=[prompt_id, encode_evidence(event), EVIDENCE_MAX_BYTES]
         )
-        return msgspec.json.decode(raw, type=list[Strike])
+        return decode_evidence(raw, prompt_id)
 
-    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Strike]]:
-        """The failed requests kept of these prompts (those with none are left out)."""
+    def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Evidence]]:
+        """The poison records of these prompts (those with none are left out)."""
         if not prompt_ids:
             return {}
         raws = self.client.hmget(self.keys.strikes, list(prompt_ids))
         return {
-            prompt_id: msgspec.json.decode(raw, type=list[Strike])
+            prompt_id: decode_evidence(raw, prompt_id)
             for prompt_id, raw in zip(prompt_ids, raws, strict=True)
             if raw is not None
         }

@@ -162,17 +162,21 @@ redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 return 1
 """
 
-# A prompt's failed request is kept with the others of that prompt, across workers (workers/state/poison.py).
-# KEYS: strikes. ARGV: prompt id, the strike (JSON), how many are kept. Returns the prompt's strikes
-# (a JSON list, oldest first).
+# A prompt's poison evidence (workers/state/poison.py), kept across workers: one JSON event a line,
+# appended, the oldest lines dropped past the byte limit. Nothing stored is decoded here: a record that is
+# not ours costs only its bytes, and the reader skips what it cannot read.
+# KEYS: strikes. ARGV: prompt id, the event (one line of JSON), the byte limit. Returns the record.
 STRIKE = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local strikes = raw and cjson.decode(raw) or {}
-table.insert(strikes, cjson.decode(ARGV[2]))
-while #strikes > tonumber(ARGV[3]) do table.remove(strikes, 1) end
-local encoded = cjson.encode(strikes)
-redis.call('HSET', KEYS[1], ARGV[1], encoded)
-return encoded
+local kept = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if #kept > 0 and string.sub(kept, -1) ~= '\\n' then kept = kept .. '\\n' end
+kept = kept .. ARGV[2] .. '\\n'
+local limit = tonumber(ARGV[3])
+if #kept > limit then
+  local cut = string.find(kept, '\\n', #kept - limit, true)
+  kept = cut and string.sub(kept, cut + 1) or ''
+end
+redis.call('HSET', KEYS[1], ARGV[1], kept)
+return kept
 """
 
 # --------------------------------------------------------------------------- upload: commit
