@@ -3,9 +3,11 @@ time they are sent, one makes it hang; all three are dead-lettered with what hap
 are committed once, `status` says finished only then, and the output alone proves it.
 
 Real processes throughout: redis-server, two simulated GPUs whose faults are keyed by prompt content,
-two generate workers and an uploader, with the README's defaults but one: the silence limit, which is a
-hung request's deadline now (it stands where the request timeout stood), is 10 s instead of 30 s so the
-hang costs this test a minute, not three.
+two generate workers and an uploader, with the README's defaults but three. The silence limit, a hung
+request's deadline in company, is 10 s instead of 30 s so the hang costs this test a minute, not three.
+A suspect alone is judged with the liveness stall window (300 s) and waits for 20 liveness polls (100 s)
+of control before each trial: a 5 s window and a 0.5 s poll (the simulator at speedup 50 moves its
+per-step counter every few milliseconds) prove the three in minutes, not half an hour.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ DROPS, HANGS = "POISON-DROP", "POISON-HANG"
 PROMPTS = 120
 SPEEDUP = 50.0
 SILENCE_LIMIT_S = "10"
+LIVENESS = {"DRAFTGEN_LIVENESS_STALL_S": "5", "DRAFTGEN_LIVENESS_POLL_S": "0.5"}
 FINISH_S = 420.0
 
 
@@ -46,7 +49,10 @@ def sims() -> Iterator[list[SimulatorProcess]]:
 @pytest.fixture
 def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterator[Stack]:
     running = Stack(
-        redis_url, log_dir, sims, extra_env={**README_WORKER_ENV, "DRAFTGEN_SILENCE_LIMIT_S": SILENCE_LIMIT_S}
+        redis_url,
+        log_dir,
+        sims,
+        extra_env={**README_WORKER_ENV, **LIVENESS, "DRAFTGEN_SILENCE_LIMIT_S": SILENCE_LIMIT_S},
     )
     yield running.start()
     running.stop()
@@ -85,10 +91,18 @@ def test_poison_prompts_are_dead_lettered_with_what_happened_and_the_run_finishe
     assert set(letters) == poisoned
     for letter in letters.values():
         assert letter.reason == "poison_prompt"
-        assert letter.error.startswith("no answer ")
-    hung = letters[str(rows[93]["id"])]
-    assert "silent while the server generated" in hung.error
-    assert all("its connection dropped" in letters[str(rows[i]["id"])].error for i in (7, 50))
+        assert letter.error.startswith(
+            "no answer alone 3 times, the server answering a canary before and after"
+        )
+    hung = letters[str(rows[93]["id"])].error
+    alone_silent = hung.count("the server stopped making progress") + hung.count(
+        "it was silent while the server"
+    )
+    assert alone_silent == 3, hung
+    assert all(
+        letters[str(rows[i]["id"])].error.count("its connection dropped while the server still answered") == 3
+        for i in (7, 50)
+    )
     without_redis = stack.producer(
         "verify", "--run", run, "--output", str(output), DRAFTGEN_REDIS_URL="redis://127.0.0.1:1/0"
     )

@@ -11,14 +11,18 @@ an uploader, with the README's defaults but where a test says why.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
-from inference.simulator import SimulatorSettings
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE
+from tests.simulator.test_simulator_scheduler import sample_value
 from tests.support import prompt_files
 from tests.support.stack import README_WORKER_ENV, Stack
 from tests.support.supervised_simulator import SupervisedSimulator
@@ -30,6 +34,7 @@ from workers.state.poison import (
     Evidence,
     Outcome,
     PoisonPolicy,
+    Suspicion,
     TrialEnd,
     TrialEnded,
     decode_evidence,
@@ -122,6 +127,158 @@ def test_a_prompt_that_wedges_the_server_is_dead_lettered_within_five_restarts_a
         print(
             f"isolated in {took_s:.0f} s, {wedging_gpu.restarts} restarts; {len(innocents)} suspects tried "
             f"alone within {last_trial - first_trial:.0f} s"
+        )
+    finally:
+        stack.stop()
+
+
+UNLUCKY = "UNLUCKY"  # marks the ordinary prompt the flaky server's outages fall on
+FLAKY_SPEEDUP = 20.0  # a completion takes ~2 s in company, ~0.7 s alone
+CRASH_EVERY_S = 12.0  # each life of the server: it fails every 12 s, whatever it serves
+OUTAGES_ON_IT = 7  # two while it runs in company and five alone: today's rule dead-letters it by the fifth
+FLAKY_PROMPTS = 60
+FLAKY_FINISH_S = 420.0
+
+
+def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outages_fall(
+    redis_url: str, log_dir: Path, tmp_path: Path
+) -> None:
+    """The issue's case at its worst: two GPUs whose servers die every 12 s whatever they serve, and seven
+    of those outages falling just as one ordinary prompt reaches a server, twice in company and five
+    times alone. Its trials alone are void: its servers fail as fast without it (every 12 s on average,
+    not the 20 s a failure within a second needs), so nothing convicts it, and once its luck turns it
+    completes alone and is committed. Everything else is committed once too."""
+    gpus: list[SupervisedSimulator] = []
+
+    def outages_on_it() -> int:
+        return sum(gpu.log_text().count(PROMPT_CRASH_LOG_MESSAGE) for gpu in gpus)
+
+    def settings_for_life(_life: int) -> SimulatorSettings:
+        unlucky = outages_on_it() < OUTAGES_ON_IT
+        return SimulatorSettings(
+            speedup=FLAKY_SPEEDUP,
+            enable_metrics=True,
+            crash_every_s=CRASH_EVERY_S,
+            prompt_faults=json.dumps({UNLUCKY: {"fault": "crash", "times": 1}}) if unlucky else None,
+        )
+
+    gpus.extend(SupervisedSimulator(settings_for_life, tmp_path / f"gpu{i}.pid").start() for i in range(2))
+    stack = Stack(redis_url, log_dir, gpus, extra_env=README_WORKER_ENV).start()  # type: ignore[arg-type]
+    try:
+        rows = [prompt_files.as_prompt(row) for row in prompt_files.questions(FLAKY_PROMPTS, "flaky")]
+        rows[7]["prompt"] = f"{rows[7]['prompt']} {UNLUCKY}"
+        unlucky = str(rows[7]["id"])
+        run = "flaky"
+        data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
+        stack.enqueue(data, run, "--output", str(tmp_path / "out"), "--batch-size", "10")
+        # When the run goes on by itself
+        stack.wait_finished(run, timeout_s=FLAKY_FINISH_S)
+        # Then nothing is dead-lettered, and every prompt is committed once
+        client = redis.Redis.from_url(redis_url)
+        ledger = RunLedger(client, run)
+        assert ledger.dead_letters() == []
+        result = stack.verify(run)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert ledger.counts().done == FLAKY_PROMPTS
+        # And the unlucky prompt was tried alone through five outages, each void, then acquitted
+        assert outages_on_it() >= OUTAGES_ON_IT
+        tried = trials(records(client, run)[unlucky])
+        outcomes = [POLICY.outcome(t) for t in tried]
+        assert outcomes.count(Outcome.VOID) >= OUTAGES_ON_IT - DEFAULT_SUSPICIONS_BEFORE_TRIAL, tried
+        assert Outcome.CONVICTED not in outcomes and outcomes[-1] is Outcome.ACQUITTED
+        assert all(POLICY.why(t).endswith("of both") for t in tried if t.ended is TrialEnd.WENT_DOWN)
+        print(f"{sum(gpu.restarts for gpu in gpus)} restarts; the unlucky prompt's trials: {outcomes}")
+    finally:
+        stack.stop()
+        for gpu in gpus:
+            gpu.stop()
+
+
+RETRACTED = "LONG-INPUT"
+RETRACT_SPEEDUP = 2.0
+# A retracted request is cut after the silence limit while others stream: 2 s instead of the default 30 s
+# so that the test takes a minute (at this speedup every other request streams a chunk every ~40 ms).
+RETRACT_SILENCE_LIMIT_S = 2.0
+RETRACT_PAUSE_S = 3 * RETRACT_SILENCE_LIMIT_S
+# A suspect waits for its server's control (20x a liveness poll): a 0.5 s poll makes that wait 20 s, not 100.
+RETRACT_LIVENESS = {
+    "DRAFTGEN_LIVENESS_POLL_S": "0.5",
+    "DRAFTGEN_SILENCE_LIMIT_S": str(RETRACT_SILENCE_LIMIT_S),
+}
+RETRACT_PROMPTS = 24
+COMPANY_CLIENTS = 4
+COMPANY_MAX_TOKENS = 300
+COMPANY_TIMEOUT_S = 60.0
+
+
+class Company:
+    """Another client keeping a server under load, as a fleet's other work would, `clients` requests at a
+    time, until stopped."""
+
+    def __init__(self, base_url: str, clients: int) -> None:
+        self._base_url = base_url
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._keep_busy, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> Company:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(COMPANY_TIMEOUT_S)
+
+    def _keep_busy(self) -> None:
+        body = {"messages": [{"role": "user", "content": "company"}], "max_tokens": COMPANY_MAX_TOKENS}
+        with httpx.Client(timeout=COMPANY_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                client.post(f"{self._base_url}/chat/completions", json=body)
+
+
+@pytest.fixture
+def retracting_gpu() -> Iterator[SimulatorProcess]:
+    faults = json.dumps({RETRACTED: {"fault": "retract", "pause_s": RETRACT_PAUSE_S}})
+    settings = SimulatorSettings(speedup=RETRACT_SPEEDUP, enable_metrics=True, prompt_faults=faults)
+    with SimulatorProcess(settings) as sim:
+        yield sim
+
+
+def test_a_prompt_retracted_whenever_it_has_company_is_committed_once_never_dead_lettered(
+    redis_url: str, log_dir: Path, retracting_gpu: SimulatorProcess, tmp_path: Path
+) -> None:
+    """SGLang retracts requests under KV pressure (long inputs, few output tokens first): silent while the
+    others generate, then resumed. Each time in company it is cut for silence: a suspicion, no evidence.
+    Tried alone (nothing else of its worker in flight, though the server stays loaded and retracts it
+    again), its silence is judged with the liveness stall window: it resumes, completes, and is committed
+    once. Today's rule dead-letters it after five cuts."""
+    env = {**README_WORKER_ENV, **RETRACT_LIVENESS}
+    stack = Stack(redis_url, log_dir, [retracting_gpu], extra_env=env).start()
+    try:
+        with Company(retracting_gpu.base_url, COMPANY_CLIENTS):
+            rows = [prompt_files.as_prompt(row) for row in prompt_files.questions(RETRACT_PROMPTS, "retract")]
+            rows[3]["prompt"] = f"{rows[3]['prompt']} {RETRACTED}"
+            retracted = str(rows[3]["id"])
+            run = "retracted"
+            data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
+            stack.enqueue(data, run, "--output", str(tmp_path / "out"))
+            stack.wait_finished(run, timeout_s=FLAKY_FINISH_S)
+        client = redis.Redis.from_url(redis_url)
+        ledger = RunLedger(client, run)
+        assert ledger.dead_letters() == []
+        assert ledger.counts().done == RETRACT_PROMPTS
+        result = stack.verify(run)
+        assert result.returncode == 0, result.stdout + result.stderr
+        evidence = records(client, run)[retracted]
+        suspicions = [(e.cause, e.with_server) for e in evidence if isinstance(e, Suspicion)]
+        assert suspicions == [("silent", False)] * DEFAULT_SUSPICIONS_BEFORE_TRIAL
+        assert [POLICY.outcome(t) for t in trials(evidence)] == [Outcome.ACQUITTED]
+        # and the server did retract it each time it ran in company
+        metrics = httpx.get(f"{retracting_gpu.url}/metrics", timeout=COMPANY_TIMEOUT_S).text
+        assert (
+            sample_value(metrics, "sglang:num_retracted_requests_total")
+            == DEFAULT_SUSPICIONS_BEFORE_TRIAL + 1
         )
     finally:
         stack.stop()

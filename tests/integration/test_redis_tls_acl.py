@@ -46,7 +46,7 @@ from workers.state.control import PAUSED_BY_GATE, pause, pause_state
 from workers.state.exit_notes import leave_exit_note
 from workers.state.keys import RunKeys, seat_channel, seat_key, worker_exit_note_key, worker_heartbeat_key
 from workers.state.ledger import RunLedger
-from workers.state.poison import Strike
+from workers.state.poison import Suspicion
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 from workers.state.runs import QualityGate, RunSettings
 
@@ -253,7 +253,7 @@ def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp
     ledger = RunLedger(worker, STEPS_RUN)
     assert ledger.keep_turns("p0", [completion("p0").as_turn()])
     assert ledger.stage(completion("p0"))
-    ledger.strike("p1", Strike(life=f"{LABEL}#1.1", cause="dropped", on_its_own=True))
+    ledger.strike("p1", Suspicion(life=f"{LABEL}#1.1", cause="dropped", with_server=True, at=1.7e9))
     letter = DeadLetter(
         prompt_id="p1", row=1, reason=DeadLetterReason.REJECTED_BY_SERVER, error="400", attempts=1
     )

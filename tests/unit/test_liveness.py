@@ -284,6 +284,7 @@ class FakeServer:
     journal: Journal
     current: MetricsSnapshot | Exception
     ready_failures: int = 0
+    started_at: float = 1.7e9  # /server_info's startup_time
 
     def metrics(self) -> MetricsSnapshot:
         if isinstance(self.current, Exception):
@@ -293,6 +294,7 @@ class FakeServer:
     def restart(self, command: str) -> None:
         self.journal.events.append(f"run {command}")
         self.current = snapshot(running=0, decode=0.0, generated=0.0)
+        self.started_at += 60.0
 
     def wait_ready(
         self,
@@ -355,6 +357,7 @@ def rig(
         FakeSwitch(journal),
         settings,
         read_metrics=server.metrics,
+        read_started_at=lambda: server.started_at,
         wait_ready=server.wait_ready,
         run_command=server.restart,
         clock=clock,
@@ -445,3 +448,40 @@ def test_the_restart_command_is_logged_without_its_arguments(caplog: pytest.LogC
         run_restart_command(secret_command.replace("curl", "/nonexistent/curl"), timeout_s=5)
     assert "s3cr3t" not in caplog.text
     assert "/nonexistent/curl … (3 arguments not shown)" in caplog.text
+
+
+def test_a_hang_tells_the_engine_when_the_server_last_made_progress() -> None:
+    test = rig()
+    test.poll_at(0.0)
+    test.server.current = snapshot(decode=2000.0)  # progress, then none
+    test.poll_at(10.0)
+    verdict = test.poll_at(10.0 + STALL_S)
+    assert verdict is not None and verdict.state is Liveness.HUNG
+    test.watcher.recover(verdict)
+    assert test.engine.outages == [Outage(Liveness.HUNG.value, stalled_since=10.0)]
+
+
+def test_a_server_restarted_behind_the_watch_s_back_is_told_to_the_engine_even_if_it_served_nothing() -> None:
+    test = rig(current=snapshot(running=0))
+    test.poll_at(0.0)
+    test.server.started_at += 30.0  # a crash and a restart between two polls, with nothing served since
+    test.poll_at(5.0)
+    assert [e for e in test.journal.events if e.startswith("restart seen")] == [
+        f"restart seen: server {SERVER_URL} started again at {test.server.started_at:.0f}: it restarted"
+    ]
+    test.server.current = snapshot(running=0, decode=0.0, generated=0.0)  # and its counters went back
+    test.poll_at(10.0)
+    assert (
+        test.journal.events[-1]
+        == f"restart seen: server {SERVER_URL}'s progress counters went back: it restarted"
+    )
+
+
+def test_the_watch_s_own_restart_of_a_hung_server_is_not_told_again_as_a_restart() -> None:
+    test = rig()
+    test.poll_at(0.0)
+    verdict = test.poll_at(STALL_S)
+    assert verdict is not None
+    test.watcher.recover(verdict)
+    test.poll_at(STALL_S + 5.0)
+    assert not [e for e in test.journal.events if e.startswith("restart seen")]

@@ -515,8 +515,8 @@ class GenerationEngine:
     ) -> Completion | None:
         """One answer within the retry policy; None once the prompt is dead-lettered or left pending.
 
-        A suspect of poison is tried alone (`_trial`) on each attempt; any other prompt whose request the
-        server received and did not answer becomes more suspect (`_suspect`). A budget retry
+        A suspect of poison is tried alone (`Tribunal.trial`) on each attempt; any other prompt whose request
+        the server received and did not answer becomes more suspect (`Tribunal.suspect`). A budget retry
         (`budget_retries` > 0) is neither: it is never dead-lettered nor left pending, its refusal or
         failure is raised, and the caller keeps the completion it already had."""
         outcome, run = job.outcome, job.run

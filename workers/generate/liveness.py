@@ -160,6 +160,12 @@ class LivenessJudge:
         return LivenessVerdict(Liveness.LIVE, f"{load}; last progress {quiet_s:.0f} s ago")
 
 
+def started_at(server_info: dict[str, object] | None) -> float | None:
+    """SGLang's `/server_info` `startup_time` (Unix seconds): changes each time the server starts."""
+    value = None if server_info is None else server_info.get("startup_time")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 class QueueSwitch(Protocol):
     """Stops and restarts this worker taking batches from its queue (a Celery consumer, in production)."""
 
@@ -230,6 +236,7 @@ class LivenessWatcher:
         settings: LivenessConfig,
         *,
         read_metrics: Callable[[], MetricsSnapshot] | None = None,
+        read_started_at: Callable[[], float | None] | None = None,
         wait_ready: ReadyWaiter = wait_until_ready,
         run_command: Callable[[str], None] = run_restart_command,
         clock: Callable[[], float] = time.monotonic,
@@ -244,7 +251,10 @@ class LivenessWatcher:
         self._judge = LivenessJudge(
             stall_s=settings.liveness_stall_s, completion_stall_s=settings.liveness_completion_stall_s
         )
-        self._read_metrics = read_metrics or ServerProbe(settings.server_url, settings.api_key).metrics
+        probe = ServerProbe(settings.server_url, settings.api_key)
+        self._read_metrics = read_metrics or probe.metrics
+        self._read_started_at = read_started_at or (lambda: started_at(probe.server_info()))
+        self._started_at: float | None = None
         self._wait_ready = wait_ready
         self._run_command = run_command
         self._clock = clock
@@ -277,10 +287,6 @@ class LivenessWatcher:
         while not self._stop.wait(self._poll_s):
             try:
                 verdict = self.poll_once()
-                if verdict is not None and verdict.restarted:
-                    self._engine.note_restart(
-                        f"server {self._url}'s progress counters went back: it restarted"
-                    )
                 if verdict is not None and verdict.state is not Liveness.LIVE:
                     self.recover(verdict)
             except ShuttingDown:
@@ -289,7 +295,8 @@ class LivenessWatcher:
                 log.exception("liveness: the watcher's poll failed unexpectedly; polling on")
 
     def poll_once(self) -> LivenessVerdict | None:
-        """Scrape once and return the judge's verdict; None when `/metrics` is refused (not enabled)."""
+        """Scrape once and return the judge's verdict; None when `/metrics` is refused (not enabled). A
+        restart seen meanwhile (its counters went back, or it started again) is told to the engine."""
         snapshot: MetricsSnapshot | None
         try:
             snapshot = self._read_metrics()
@@ -311,7 +318,21 @@ class LivenessWatcher:
         else:
             self._unanswered = False
         self._metrics_refused = False
-        return self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
+        verdict = self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
+        if verdict.restarted:
+            self._engine.note_restart(f"server {self._url}'s progress counters went back: it restarted")
+        self._watch_start()
+        return verdict
+
+    def _watch_start(self) -> None:
+        """A server started again since the last poll (its `/server_info` `startup_time` moved) failed,
+        even if it served nothing in between to show it: the engine counts it against the server."""
+        started_at = self._read_started_at()
+        if started_at is None:
+            return
+        if self._started_at is not None and started_at != self._started_at:
+            self._engine.note_restart(f"server {self._url} started again at {started_at:.0f}: it restarted")
+        self._started_at = started_at
 
     def recover(self, verdict: LivenessVerdict) -> None:
         """Stop taking batches, hand back the work in flight, get the server generating, resume."""
@@ -342,6 +363,7 @@ class LivenessWatcher:
                 attempt,
             )
         self._judge.reset()
+        self._started_at = self._read_started_at()  # the restart is the hang's, counted already
         self._engine.resume()
         self._switch.resume_taking()
         log.warning(

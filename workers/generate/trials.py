@@ -1,15 +1,14 @@
-"""Trials of suspected poison prompts on this worker's server; the rule is workers/state/poison.py's.
+"""What a worker sees of its server for trials of suspected poison (the rule: workers/state/poison.py;
+the suspicions and trials themselves: workers/generate/tribunal.py).
 
-What only the worker can see is kept here: how long its server has worked without failing (a trial's
-control), the server's lives, how a trial ended and how fast, and whether the server came back.
-
-- `Steadiness`: the moment the server was last seen failing (a request of this worker got no answer, the
-  liveness watch suspended the engine or saw the server restarted, a canary went unanswered) or came
-  back; the control is the time since. A worker that starts knows nothing older than itself.
-- `Court`: waits until the server has shown the control a suspect needs, times the trial (a wedge from
-  when the liveness watch last saw progress, else from the suspect's last chunk or its failure), and
-  waits for the server to answer a canary again after a failure. The engine holds the server alone for
-  the whole trial, canary before and after included (`GenerationEngine._trial`).
+- `Steadiness`: the server's record as this worker saw it, the control a trial is compared with: the
+  stretch since it last failed (a request got no answer, a canary went unanswered, the liveness watch
+  suspended the engine or saw the server restarted) or came back, its mean time between failures, its
+  lives. Trials and their failures are left out. A worker that starts knows nothing older than itself.
+- `Court`: waits until the server shows the control a suspect needs (or cannot), asks canaries, and after
+  a failed trial waits for the server to answer one again; `trial_end` and `failed_after_s` say how a
+  trial ended and how fast (a wedge from when the liveness watch last saw progress, a silence from the
+  suspect's last chunk, else the failure itself).
 """
 
 from __future__ import annotations
