@@ -103,10 +103,11 @@ _PROMPT_FATES = {
 
 
 class Drawn(msgspec.Struct, frozen=True):
-    """A chat request's fate; a retracted one's pause in wall seconds."""
+    """A chat request's fate; a retracted one's pause, a crash's delay, in wall seconds."""
 
     fate: Fate
     pause_s: float = 0.0
+    after_s: float = 0.0  # a crash this long after the request arrived
 
 
 class FaultController:
@@ -182,7 +183,7 @@ class FaultController:
         for substring, fault in self.faults.prompt_faults.items():
             if substring in text:
                 self._spend(substring, fault)
-                return Drawn(_PROMPT_FATES[fault.fault], fault.pause_s or 0.0)
+                return Drawn(_PROMPT_FATES[fault.fault], fault.pause_s or 0.0, fault.after_s or 0.0)
         return None
 
     def _spend(self, substring: str, fault: PromptFault) -> None:

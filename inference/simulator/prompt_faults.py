@@ -3,9 +3,10 @@ substring is dropped, hangs, wedges or crashes the whole server, or is retracted
 server that has the fault, or only the next N such requests.
 
 `{"<substring>": "drop" | "hang" | "wedge" | "crash"}`, or `{"<substring>": {"fault": "hang", "times": 1}}`
-for the next N matching requests only (then the entry is spent and removed), or
-`{"<substring>": {"fault": "retract", "pause_s": 40}}`. Set at start with `--prompt-faults JSON`, or at
-run time as `prompt_faults` of `POST /admin/faults`.
+for the next N matching requests only (then the entry is spent and removed), or a retraction's pause
+`{"<substring>": {"fault": "retract", "pause_s": 40}}`, or a crash's delay `{"<substring>": {"fault":
+"crash", "after_s": 1}}`. Set at start with `--prompt-faults JSON`, or at run time as `prompt_faults` of
+`POST /admin/faults`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class PromptFaultKind(enum.StrEnum):
     DROP = "drop"  # the connection is closed half-way through the request, as with --drop-rate
     HANG = "hang"  # admitted (a stream gets its first chunk), then nothing more: the slot stays held
     WEDGE = "wedge"  # the whole server hangs as it takes the request in: no token for anyone, /health 200
-    CRASH = "crash"  # the server process dies (SIGKILL) as the request arrives
+    CRASH = "crash"  # the server process dies (SIGKILL) as the request arrives, or `after_s` later
     RETRACT = "retract"  # under load, taken out after its first token for `pause_s`, then resumed
 
 
@@ -29,6 +30,7 @@ class PromptFault(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     fault: PromptFaultKind
     times: int | None = None  # the next N matching requests; None: every one
     pause_s: float | None = None  # a retracted request's silence, wall seconds (retract only)
+    after_s: float | None = None  # a crash this many wall seconds after the request arrives (crash only)
 
     def problems(self, substring: str) -> list[str]:
         found = []
@@ -41,6 +43,8 @@ class PromptFault(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             found.append(f"prompt fault {substring!r}: retract needs pause_s, a positive number of seconds")
         if not retracts and self.pause_s is not None:
             found.append(f"prompt fault {substring!r}: pause_s is for retract only")
+        if self.after_s is not None and (self.fault is not PromptFaultKind.CRASH or self.after_s < 0):
+            found.append(f"prompt fault {substring!r}: after_s is for crash only, and not negative")
         return found
 
 

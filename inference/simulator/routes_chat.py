@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from inference.simulator.engine import Phase, QueueFullError, SimRequest
-from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE, Fate, die
+from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE, Drawn, Fate, die
 from inference.simulator.protocol import (
     RECORDED_FIELDS,
     ChatRequest,
@@ -129,7 +129,7 @@ class _ChatCall:
             raise bad_request(f"Duplicate request ID detected: {record.rid}")
         drawn = state.faults.draw(body.messages)
         fate = drawn.fate
-        self._fail_at_once(fate, record)
+        self._fail_at_once(drawn, record)
         plan = plan_generation(
             settings,
             body.messages,
@@ -178,9 +178,13 @@ class _ChatCall:
                 if state.metrics is not None:
                     state.metrics.observe_finished(request, record.prompt_tokens, record.completion_tokens)
 
-    def _fail_at_once(self, fate: Fate, record: RequestRecord) -> None:
-        """The faults that end a request as it arrives: the process dies, or an error is answered."""
-        if fate is Fate.CRASH:
+    def _fail_at_once(self, drawn: Drawn, record: RequestRecord) -> None:
+        """The faults that end a request as it arrives: the process dies (now, or `after_s` into the
+        request), or an error is answered."""
+        fate = drawn.fate
+        if fate is Fate.CRASH and drawn.after_s:
+            asyncio.get_running_loop().call_later(drawn.after_s, die, PROMPT_CRASH_LOG_MESSAGE)
+        elif fate is Fate.CRASH:
             die(PROMPT_CRASH_LOG_MESSAGE)
         if fate is Fate.ERROR:
             record.status = "error"

@@ -183,8 +183,8 @@ class SimulatorSettings:
     server_hang: bool = _option("Start hung: /health 200 but no token is produced.", default=False)
     prompt_faults: str | None = _option(
         'Faults keyed by prompt content, a JSON object: {"SUBSTRING": "drop"|"hang"|"wedge"|"crash"}, '
-        '{"SUBSTRING": {"fault": "hang", "times": N}} or {"SUBSTRING": {"fault": "retract", "pause_s": S}} '
-        "(docs/simulator.md).",
+        '{"SUBSTRING": {"fault": "hang", "times": N}}, {"SUBSTRING": {"fault": "retract", "pause_s": S}} or '
+        '{"SUBSTRING": {"fault": "crash", "after_s": S}} (docs/simulator.md).',
         default=None,
     )
     request_log_size: int = _option(

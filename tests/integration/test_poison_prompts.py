@@ -6,7 +6,7 @@ Real processes throughout: redis-server, two simulated GPUs whose faults are key
 two generate workers and an uploader, with the README's defaults but three. The silence limit, a hung
 request's deadline in company, is 10 s instead of 30 s so the hang costs this test a minute, not three.
 A suspect alone is judged with the liveness stall window (300 s) and waits for 20 liveness polls (100 s)
-of control before each trial: a 5 s window and a 0.5 s poll (the simulator at speedup 50 moves its
+of control before each trial: a 5 s window and a 0.25 s poll (the simulator at speedup 50 moves its
 per-step counter every few milliseconds) prove the three in minutes, not half an hour.
 """
 
@@ -33,7 +33,7 @@ DROPS, HANGS = "POISON-DROP", "POISON-HANG"
 PROMPTS = 120
 SPEEDUP = 50.0
 SILENCE_LIMIT_S = "10"
-LIVENESS = {"DRAFTGEN_LIVENESS_STALL_S": "5", "DRAFTGEN_LIVENESS_POLL_S": "0.5"}
+LIVENESS = {"DRAFTGEN_LIVENESS_STALL_S": "5", "DRAFTGEN_LIVENESS_POLL_S": "0.25"}
 FINISH_S = 420.0
 
 

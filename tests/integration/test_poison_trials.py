@@ -10,6 +10,7 @@ an uploader, with the README's defaults but where a test says why.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -20,7 +21,8 @@ import httpx
 import pytest
 import redis
 
-from inference.simulator import SimulatorProcess, SimulatorSettings
+from inference.records import SamplingSettings
+from inference.simulator import SimulatorProcess, SimulatorSettings, predict_outcome
 from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE
 from tests.simulator.test_simulator_scheduler import sample_value
 from tests.support import prompt_files
@@ -133,40 +135,51 @@ def test_a_prompt_that_wedges_the_server_is_dead_lettered_within_five_restarts_a
 
 
 UNLUCKY = "UNLUCKY"  # marks the ordinary prompt the flaky server's outages fall on
-FLAKY_SPEEDUP = 20.0  # a completion takes ~2 s in company, ~0.7 s alone
+FLAKY_SPEEDUP = 10.0  # a completion takes ~3.5 s in company, ~1.4 s alone
 CRASH_EVERY_S = 12.0  # each life of the server: it fails every 12 s, whatever it serves
+OUTAGE_INTO_IT_S = 1.0  # each outage on it comes 1 s into its request: mid-run, as unrelated outages do
+UNLUCKY_MIN_TOKENS = 3000  # its answer: 1.8 s alone at this speedup, so that each outage lands in it
 OUTAGES_ON_IT = 7  # two while it runs in company and five alone: today's rule dead-letters it by the fifth
-FLAKY_PROMPTS = 60
+FLAKY_PROMPTS = 30
 FLAKY_FINISH_S = 420.0
+
+
+def long_answering(settings: SimulatorSettings, text: str) -> str:
+    """`text` with a salt that makes the simulator answer it with at least UNLUCKY_MIN_TOKENS tokens."""
+    for salt in range(1000):
+        candidate = f"{text} {UNLUCKY}-{salt}"
+        outcome = predict_outcome(
+            settings, [{"role": "user", "content": candidate}], SamplingSettings().max_tokens
+        )
+        if outcome.completion_tokens >= UNLUCKY_MIN_TOKENS:
+            return candidate
+    raise AssertionError("no salt gives a long enough answer")
 
 
 def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outages_fall(
     redis_url: str, log_dir: Path, tmp_path: Path
 ) -> None:
     """The issue's case at its worst: two GPUs whose servers die every 12 s whatever they serve, and seven
-    of those outages falling just as one ordinary prompt reaches a server, twice in company and five
+    of those outages falling on one ordinary prompt's requests, 1 s into each, twice in company and five
     times alone. Its trials alone are void: its servers fail as fast without it (every 12 s on average,
-    not the 20 s a failure within a second needs), so nothing convicts it, and once its luck turns it
-    completes alone and is committed. Everything else is committed once too."""
+    not the 20 s a failure 1 s in needs), so nothing convicts it, and once its luck turns it completes
+    alone and is committed. Everything else is committed once too."""
     gpus: list[SupervisedSimulator] = []
+    flaky = SimulatorSettings(speedup=FLAKY_SPEEDUP, enable_metrics=True, crash_every_s=CRASH_EVERY_S)
+    outage = json.dumps({UNLUCKY: {"fault": "crash", "times": 1, "after_s": OUTAGE_INTO_IT_S}})
 
     def outages_on_it() -> int:
         return sum(gpu.log_text().count(PROMPT_CRASH_LOG_MESSAGE) for gpu in gpus)
 
     def settings_for_life(_life: int) -> SimulatorSettings:
         unlucky = outages_on_it() < OUTAGES_ON_IT
-        return SimulatorSettings(
-            speedup=FLAKY_SPEEDUP,
-            enable_metrics=True,
-            crash_every_s=CRASH_EVERY_S,
-            prompt_faults=json.dumps({UNLUCKY: {"fault": "crash", "times": 1}}) if unlucky else None,
-        )
+        return dataclasses.replace(flaky, prompt_faults=outage if unlucky else None)
 
     gpus.extend(SupervisedSimulator(settings_for_life, tmp_path / f"gpu{i}.pid").start() for i in range(2))
     stack = Stack(redis_url, log_dir, gpus, extra_env=README_WORKER_ENV).start()  # type: ignore[arg-type]
     try:
         rows = [prompt_files.as_prompt(row) for row in prompt_files.questions(FLAKY_PROMPTS, "flaky")]
-        rows[7]["prompt"] = f"{rows[7]['prompt']} {UNLUCKY}"
+        rows[7]["prompt"] = long_answering(flaky, str(rows[7]["prompt"]))
         unlucky = str(rows[7]["id"])
         run = "flaky"
         data = prompt_files.write_jsonl(tmp_path / "d.jsonl", rows)
@@ -200,9 +213,9 @@ RETRACT_SPEEDUP = 2.0
 # so that the test takes a minute (at this speedup every other request streams a chunk every ~40 ms).
 RETRACT_SILENCE_LIMIT_S = 2.0
 RETRACT_PAUSE_S = 3 * RETRACT_SILENCE_LIMIT_S
-# A suspect waits for its server's control (20x a liveness poll): a 0.5 s poll makes that wait 20 s, not 100.
+# A suspect waits for its server's control (20x a liveness poll): a 0.25 s poll makes that wait 5 s, not 100.
 RETRACT_LIVENESS = {
-    "DRAFTGEN_LIVENESS_POLL_S": "0.5",
+    "DRAFTGEN_LIVENESS_POLL_S": "0.25",
     "DRAFTGEN_SILENCE_LIMIT_S": str(RETRACT_SILENCE_LIMIT_S),
 }
 RETRACT_PROMPTS = 24

@@ -262,7 +262,7 @@ class FakeEngine:
     def resume(self) -> None:
         self.journal.events.append("resume engine")
 
-    def note_restart(self, reason: str) -> None:
+    def note_restart(self, reason: str, started_at: float | None = None) -> None:
         self.journal.events.append(f"restart seen: {reason}")
 
 
@@ -467,13 +467,13 @@ def test_a_server_restarted_behind_the_watch_s_back_is_told_to_the_engine_even_i
     test.server.started_at += 30.0  # a crash and a restart between two polls, with nothing served since
     test.poll_at(5.0)
     assert [e for e in test.journal.events if e.startswith("restart seen")] == [
-        f"restart seen: server {SERVER_URL} started again at {test.server.started_at:.0f}: it restarted"
+        f"restart seen: server {SERVER_URL} restarted: it started again at {test.server.started_at:.0f}"
     ]
     test.server.current = snapshot(running=0, decode=0.0, generated=0.0)  # and its counters went back
     test.poll_at(10.0)
     assert (
         test.journal.events[-1]
-        == f"restart seen: server {SERVER_URL}'s progress counters went back: it restarted"
+        == f"restart seen: server {SERVER_URL} restarted: its progress counters went back"
     )
 
 

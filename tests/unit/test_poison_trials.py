@@ -37,7 +37,7 @@ ATTEMPTS = 3  # the README's DRAFTGEN_MAX_ATTEMPTS
 FLAKY_OUTAGES = 20
 WINDOW = 4
 WAIT_S = 10.0
-QUICK = PoisonPolicy(control_factor=0.001)  # the control of a few milliseconds any server shows at once
+QUICK = PoisonPolicy(control_factor=0.0)  # no control to wait for: any server shows it at once
 QUICK_TRIALS = TrialSettings(silence_limit_s=5.0, timing_floor_s=0.001, comeback_limit_s=WAIT_S)
 
 
@@ -187,19 +187,19 @@ def test_a_suspect_dropped_alone_three_times_after_canaries_is_dead_lettered_wit
 def test_outages_while_a_suspect_runs_alone_convict_nothing_on_a_server_that_fails_as_often(
     engines: list[GenerationEngine],
 ) -> None:
-    # Given a suspect that completes alone, on a server that goes down every few milliseconds
-    flaky = frozenset(f"f{i}" for i in range(FLAKY_OUTAGES))
-    server = TrialServer(crashes=flaky | {"p"})
-    policy = PoisonPolicy(control_factor=0.1)  # a failure 1 s in needs 0.1 s of control: not this server's
+    # Given the default rule (a failure as fast as can be timed needs 5 s between the server's failures), and
+    # a suspect that completes alone, on a server that goes down several times a second
+    server = TrialServer()
+    policy = PoisonPolicy()
     engines.append(engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=0.001)))
     recorder = Recorder()
     suspected(recorder, "p", cause="dropped")
-    for _ in range(ATTEMPTS):
-        # When the server goes down with ordinary prompts again and again, and once with the suspect alone
-        server.crashes = flaky | {"p"}
-        engines[0].submit_batch(
-            "r", [prompt(f) for f in sorted(flaky)], SamplingSettings(), recorder
-        ).outcome()
+    for round_ in range(ATTEMPTS):
+        # When the server goes down with ordinary prompts again and again, then with the suspect alone
+        flaky = [f"f{round_}-{i}" for i in range(FLAKY_OUTAGES)]
+        answering(server, *flaky)
+        server.crashes = frozenset({*flaky, "p"})
+        engines[0].submit_batch("r", [prompt(f) for f in flaky], SamplingSettings(), recorder).outcome()
         engines[0].submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
     # Then its trials that failed are void, for the server fails as fast without it; none convicts
     assert len(ended(recorder, "p")) >= ATTEMPTS
@@ -318,7 +318,7 @@ def test_suspects_are_tried_one_after_the_other_and_ordinary_prompts_never_run_b
     recorder = Recorder()
     for suspect in ("s1", "s2", "s3"):
         suspected(recorder, suspect)
-    engines.append(engine_over(server, policy=PoisonPolicy(control_factor=0.0)))  # no control to wait for
+    engines.append(engine_over(server))
     outcome = engines[0].submit_batch("r", [prompt(i) for i in ids], SamplingSettings(), recorder).outcome()
     assert outcome.staged == len(ids)
     assert all(server.running_beside[s] == [0] for s in ("s1", "s2", "s3"))

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -329,11 +330,13 @@ class GenerationEngine:
         self._steadiness.back(self._loop.time())
         self._resumed.set()
 
-    def note_restart(self, reason: str) -> None:
-        """The server restarted behind this worker's back (the liveness watch saw its counters go back):
-        a failure, for the control of poison trials."""
+    def note_restart(self, reason: str, started_at: float | None = None) -> None:
+        """The server restarted behind this worker's back (the liveness watch saw it start again at Unix
+        time `started_at`, or its counters go back): a failure, for the control of poison trials, unless
+        this worker saw the server back since then already (a trial's crash it waited for)."""
         log.warning("%s", reason)
-        self._loop.call_soon_threadsafe(lambda: self._steadiness.failed(self._loop.time(), server_down=True))
+        since_s = 0.0 if started_at is None else max(0.0, time.time() - started_at)
+        self._loop.call_soon_threadsafe(lambda: self._steadiness.restarted(self._loop.time() - since_s))
 
     @property
     def draining(self) -> bool:

@@ -180,7 +180,7 @@ class Suspendable(Protocol):
     def in_flight(self) -> int: ...
     def suspend(self, reason: str, outage: Outage | None = None) -> None: ...
     def resume(self) -> None: ...
-    def note_restart(self, reason: str) -> None: ...
+    def note_restart(self, reason: str, started_at: float | None = None) -> None: ...
 
 
 class ReadyWaiter(Protocol):
@@ -319,20 +319,20 @@ class LivenessWatcher:
             self._unanswered = False
         self._metrics_refused = False
         verdict = self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
-        if verdict.restarted:
-            self._engine.note_restart(f"server {self._url}'s progress counters went back: it restarted")
-        self._watch_start()
+        self._watch_start(counters_went_back=verdict.restarted)
         return verdict
 
-    def _watch_start(self) -> None:
-        """A server started again since the last poll (its `/server_info` `startup_time` moved) failed,
-        even if it served nothing in between to show it: the engine counts it against the server."""
+    def _watch_start(self, *, counters_went_back: bool) -> None:
+        """A server started again since the last poll (its `/server_info` `startup_time` moved, or its
+        progress counters went back) failed, even if it served nothing in between to show it: the engine
+        counts it against the server, from when it started again (Unix time, when known)."""
         started_at = self._read_started_at()
-        if started_at is None:
-            return
-        if self._started_at is not None and started_at != self._started_at:
-            self._engine.note_restart(f"server {self._url} started again at {started_at:.0f}: it restarted")
-        self._started_at = started_at
+        moved = started_at is not None and self._started_at is not None and started_at != self._started_at
+        if started_at is not None:
+            self._started_at = started_at
+        if moved or counters_went_back:
+            how = f"it started again at {started_at:.0f}" if moved else "its progress counters went back"
+            self._engine.note_restart(f"server {self._url} restarted: {how}", started_at if moved else None)
 
     def recover(self, verdict: LivenessVerdict) -> None:
         """Stop taking batches, hand back the work in flight, get the server generating, resume."""

@@ -96,10 +96,21 @@ class Steadiness:
                 self.failures += 1
             self.since = now
         if server_down:
-            self.down = True
-            if self.served_in_life:
-                self.lives += 1
-                self.served_in_life = False
+            self._went_down()
+
+    def _went_down(self) -> None:
+        self.down = True
+        if self.served_in_life:
+            self.lives += 1
+            self.served_in_life = False
+
+    def restarted(self, at: float) -> None:
+        """The server started again at `at` behind the worker's back: a failure, and its new life the
+        stretch; nothing new if the worker saw it back since (its stretch began after `at`)."""
+        if at <= self.since and not self.down:
+            return
+        self.failed(at, server_down=True)
+        self.back(at)
 
     def back(self, now: float) -> None:
         """The server answers again: a new stretch begins (the outage is no work)."""
@@ -118,11 +129,10 @@ class Steadiness:
         """The stretch before the trial was ordinary work; the trial and its failure are left out."""
         began = self.trial_since if self.trial_since is not None else now
         self.trial_since = None
-        if not self.down or server_down:
-            self.up_s += max(0.0, began - self.since)
+        self.up_s += max(0.0, began - self.since)
         self.since = now
         if server_down:
-            self.failed(now, server_down=True)
+            self._went_down()
 
     def trial_completed(self) -> None:
         self.trial_since = None

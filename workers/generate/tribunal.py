@@ -80,22 +80,21 @@ class Tribunal:
         (it went down, or the liveness watch gave the request up) or on its own (cut for silence, or its
         connection lost while the server still answers). Never a conviction; it may make a suspect. The
         verdict on the prompt's record as every worker left it; None when the failure tells nothing."""
-        steadiness = self.court.steadiness
-        now = self.court.now()
+        court, steadiness = self.court, self.court.steadiness
         if isinstance(error, AbandonedInFlight):
             if error.outage is None:
                 return None  # the worker gave it up: nothing happened to the server
             with_server, cause = True, error.outage.state
         elif error.cause in SUSPICIOUS_CAUSES:
-            with_server = error.cause is not FailureCause.SILENT and not await self.silence.server_generates(
-                case.sampling, why=f"prompt {prompt_id}: {error}"
+            with_server = error.cause is not FailureCause.SILENT and not await court.canary(
+                case.sampling, f"prompt {prompt_id}: {error}"
             )
             cause = error.cause.value
         else:
             if error.cause is FailureCause.REFUSED:
-                steadiness.failed(now, server_down=True)
+                steadiness.failed(court.now(), server_down=True)
             return None
-        steadiness.failed(now, server_down=with_server)
+        steadiness.failed(court.now(), server_down=with_server)
         event = Suspicion(life=self.life(), cause=cause, with_server=with_server, at=time.time())
         evidence = await asyncio.to_thread(case.handover.strike, prompt_id, event)
         case.evidence[prompt_id] = evidence
@@ -191,9 +190,7 @@ class Tribunal:
             answers = (
                 error.cause is not FailureCause.ABANDONED
                 and error.cause is not FailureCause.SILENT
-                and await self.silence.server_generates(
-                    case.sampling, why=f"prompt {prompt_id} alone: {error}"
-                )
+                and await court.canary(case.sampling, f"prompt {prompt_id} alone: {error}")
             )
             ending, note = trial_end(error, server_answers=answers), str(error)
             took_s = failed_after_s(error, started=started, last_sign=last_sign, failed_at=failed_at)

@@ -46,9 +46,10 @@ DEFAULT_CONVICTIONS_TO_DEAD = 3
 DEFAULT_CONTROL_FACTOR = 20.0
 """A server failing at random, independently of the prompt, convicts a trial only with a failure within
 1/20 of its mean time between failures: under 5% of trials whatever its rate (docs/exactly-once.md)."""
-MIN_TIMING_S = 1.0
-"""A failure is timed to well under a second (the event loop, a stream chunk's interval); a shorter time
-to fail is taken as this, so that no control of zero seconds can convict."""
+MIN_TIMING_S = 0.25
+"""A failure is timed to a few stream chunks (SGLang streams every decode step, tens of milliseconds; a
+lost connection is seen when it happens; a wedge is timed by the liveness poll, which the worker adds):
+a shorter time to fail is taken as this, so that no control of zero seconds can convict."""
 CANARY_FRESH_S = 5.0
 """The canary before a trial must have answered at most this long before the suspect was sent."""
 EVIDENCE_MAX_BYTES = 8192
