@@ -138,7 +138,8 @@ def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
         return _nothing(batch_id, "held by another worker")
     try:
         return _generate_leased(ctx, ledger, lease)
-    except RetryLater:
+    except RetryLater as error:  # a hand-back gave the lease up; anything else asking to retry did not
+        ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         raise
     except redis.RedisError:
         ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)
@@ -223,6 +224,7 @@ def _settle_tail(
         report = _settle(ctx, lease, batch, pending, done.result())
     except RetryLater as error:
         log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
+        ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s)
         return
     except redis.RedisError:
