@@ -1,22 +1,31 @@
-"""A generate worker's seat: one live process per GPU, and a restarted worker takes its batches back at once.
+"""A generate worker's seat: one live process per GPU, and a restarted worker takes its batches back soon.
 
 A worker's identity is its GPU label (`host/gpuN`, or `host/<server URL>`), the one `status` shows.
 A process holds the label's seat by subscribing to a channel of its own, `draftgen:seat:<label>:<token>`,
 on a connection kept for its whole life, and by writing its token in `draftgen:seats:<label>`. Redis
 drops a subscription the moment its connection closes, and the kernel closes every socket of a process
-that ends, SIGKILL and OOM kill included. So a seat whose channel has no subscriber belongs to no live
-process: taking the seat checks that and writes the token in one transaction that watches the seat (a
-seat taken by another meanwhile makes it look again). Plain commands, not a Redis function, so a worker
-takes its seat before anything has loaded the protocol's functions (a fleet started before its first
-enqueue).
+that ends, SIGKILL and OOM kill included. Plain commands, not a Redis function, so a worker takes its seat
+before anything has loaded the protocol's functions (a fleet started before its first enqueue).
+
+But a missing subscription alone proves nothing: a Redis restart, a failover or a dropped connection
+takes every subscription away from live holders too. So a holder also stamps the seat at every check
+(recovery/seat_stamp.py: its token, the Redis server, that server's time), and a newcomer that finds the
+holder unsubscribed takes the seat only once the holder has been silent for `HOLDER_GONE_AFTER_S`: by the
+stamp, when it was written on this same Redis server (a kill, an OOM: the common case, at once when the
+restart took that long); else by watching the seat itself for `SEAT_WATCHED_S` of Redis being reachable
+without a break (after a Redis restart or a failover: a live holder subscribes and stamps again within
+`RESUBSCRIBE_WITHIN_S` of reaching Redis). A subscriber seen meanwhile refuses the newcomer. Taking the
+seat checks the same under WATCH of the seat key and writes the token in one transaction. A seat given
+up on a clean stop is gone from Redis and free at once.
 
 Why that is safe: the only processes whose leases a new seat holder takes back are those that held the
-same label and whose connection Redis has closed: they are gone and send nothing more. A live process
-always looks alive, even frozen (SIGSTOP) or behind a partition, because its connection stays open;
-then the newcomer is refused (two workers started on one GPU by mistake, or two hosts with the same
-name) and says so, and the old process's leases expire as any do. A host that vanished without closing
-its sockets also still looks alive until Redis's TCP keepalive ends the connection: its successor is
-refused meanwhile, and other GPUs take its batches once their leases expire, as always.
+same label and showed no sign of life for longer than a live holder that reaches Redis ever does. Such a
+process is dead, or cut off from Redis for that long and unsubscribed: Redis closes a cut-off client's
+connection only when TCP keepalive gives up on it (deploy/redis.conf's `tcp-keepalive 60`: about two
+minutes, measured in docs/failures.md), so a newcomer is refused until then. The cut-off process stopped
+sending requests when its leases ran out by its own clock (60 s), and it stops itself as soon as it
+reaches Redis again and sees another holder. A frozen process (SIGSTOP) keeps its connection, and its
+seat, until it is killed.
 """
 
 from __future__ import annotations
@@ -25,20 +34,40 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import redis
+from redis.backoff import ConstantBackoff
 from redis.client import Pipeline, PubSub
+from redis.retry import Retry
 
 from workers.errors import SeatHeld, SeatRefused
 from workers.periodic import PeriodicThread
-from workers.state.keys import seat_channel, seat_channel_prefix, seat_key
+from workers.recovery.seat_stamp import Stamp, decode_stamp, encode_stamp, server_and_time, silent_for_s
+from workers.state.keys import seat_channel, seat_channel_prefix, seat_key, seat_seen_key
 
 log = logging.getLogger(__name__)
 
-SEAT_CHECK_S = 2.0  # how often the holder reads its subscription (re-subscribing after a Redis restart)
+SEAT_CHECK_S = 0.5  # how often the holder reads its subscription and stamps the seat
+# The holder's subscription reconnects on a connection of its own, quickly and not for long: its keeper
+# tries again at its next check rather than waiting out the workers' client's half-minute retries.
+RECONNECT_BACKOFF_CAP_S = 0.25
+RECONNECT_RETRIES = 2
+# A connected holder listens again within this of Redis coming back: measured 0.1-0.5 s on an idle
+# machine, 3.3 s once on two cores under a full test load (docs/failures.md).
+RESUBSCRIBE_WITHIN_S = 5.0
+SEAT_WATCHED_S = 2 * RESUBSCRIBE_WITHIN_S  # watched vacant this long after a restart: the holder is gone
+# A holder that reaches Redis stamps every SEAT_CHECK_S, subscribed or not: silent ten times as long by
+# its stamp on this same server, it is gone (dead, or cut off and unsubscribed).
+HOLDER_GONE_AFTER_S = 10 * SEAT_CHECK_S
+VACANCY_POLL_S = 0.25  # how often a newcomer looks at the seat it waits for
+# A newcomer's look at the seat that took longer than this waited on Redis (away, or slow): what it saw
+# before proves nothing, and its watch starts again.
+VACANCY_POLL_GAP_S = 2.0
 # How long taking a seat waits for Redis's answer to SUBSCRIBE (milliseconds, normally): a refusal read
 # later would let the seat look held by its live holder, and the worker say the wrong reason.
 SUBSCRIBE_ANSWER_S = 5.0
@@ -60,12 +89,21 @@ class Seat:
     """The seat of one worker process. `take` once at start; `release` on shutdown."""
 
     def __init__(
-        self, client: redis.Redis, label: str, *, on_lost: Callable[[str], None], token: str | None = None
+        self,
+        client: redis.Redis,
+        label: str,
+        *,
+        on_lost: Callable[[str], None],
+        token: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._client = client
         self.label = label
         self.token = token or uuid.uuid4().hex
         self._on_lost = on_lost
+        self._clock = clock
+        self._sleep = sleep
         self._pubsub: PubSub | None = None
         self._lock = threading.Lock()
         self._lost = False
@@ -73,14 +111,13 @@ class Seat:
         self._keeper = PeriodicThread("draftgen-seat", SEAT_CHECK_S, self.check)
 
     def take(self) -> TakenSeat:
-        """Hold the seat, or raise SeatHeld when a live process holds it, SeatRefused when this
-        process's Redis user may not hold it."""
-        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        """Hold the seat, once its holder (if any) is gone; raise SeatHeld when a live process holds it,
+        SeatRefused when this process's Redis user may not hold it."""
+        self._pubsub = self._subscription_client().pubsub(ignore_subscribe_messages=True)
         try:
             self._pubsub.subscribe(seat_channel(self.label, self.token))
             self._pubsub.get_message(timeout=SUBSCRIBE_ANSWER_S)  # its confirmation, or its refusal
-            watched = seat_key(self.label)
-            taken, holder = self._client.transaction(self._take, watched, value_from_callable=True)
+            taken, holder = self._take_once_vacant()
         except redis.exceptions.NoPermissionError as error:
             self._close_subscription()
             raise SeatRefused(f"Redis refused the seat of {self.label} (NOPERM: {error})") from error
@@ -92,36 +129,92 @@ class Seat:
                 "DRAFTGEN_HOSTNAME (two hosts with the same name share labels)"
             )
         self._taken = True
+        self._stamp()
         self._keeper.start()
         return TakenSeat(self.token, holder)
 
-    def _take(self, pipe: Pipeline) -> tuple[bool, str]:
-        """Under WATCH of the seat: (True, the previous holder or '') once taken, or (False, the live
-        holder's token), a live holder being one whose channel still has a subscriber."""
+    def _subscription_client(self) -> redis.Redis:
+        """A client of its own for the subscription: it reconnects within RESUBSCRIBE_WITHIN_S, whatever
+        retries the worker's client makes its commands wait through."""
+        options = dict(self._client.connection_pool.connection_kwargs)
+        options["retry"] = Retry(ConstantBackoff(RECONNECT_BACKOFF_CAP_S), RECONNECT_RETRIES)
+        pool = self._client.connection_pool.__class__(
+            connection_class=self._client.connection_pool.connection_class, **options
+        )
+        return redis.Redis(connection_pool=pool)
+
+    def _take_once_vacant(self) -> tuple[bool, str]:
+        """(True, the previous holder or '') once taken, or (False, the live holder's token)."""
+        watched, watched_since = "", 0.0
+        last_look = self._clock()
+        while True:
+            take = partial(self._take_if, watched=watched, watched_since=watched_since)
+            taken, holder, listened = self._client.transaction(
+                take, seat_key(self.label), seat_seen_key(self.label), value_from_callable=True
+            )
+            if taken:
+                return True, holder
+            if listened:
+                return False, holder
+            now = self._clock()
+            if holder != watched or now - last_look > VACANCY_POLL_GAP_S:
+                if holder != watched:
+                    log.info(
+                        "the seat of %s is held by %s, which no longer listens: taking it once that holder "
+                        "has been silent for %.0f s",
+                        self.label,
+                        holder[:8],
+                        HOLDER_GONE_AFTER_S,
+                    )
+                watched, watched_since = holder, now
+            last_look = now
+            self._sleep(VACANCY_POLL_S)
+
+    def _take_if(self, pipe: Pipeline, *, watched: str, watched_since: float) -> tuple[bool, str, bool]:
+        """Under WATCH of the seat and its stamp: (taken, holder, whether the holder lives). The seat is
+        taken when free, this process's, or held by a holder gone: silent for HOLDER_GONE_AFTER_S by its
+        stamp on this server, or, its stamp telling nothing, watched vacant (`watched` since
+        `watched_since`) for SEAT_WATCHED_S. A holder subscribed, or stamping all that while, lives."""
         raw = pipe.get(seat_key(self.label))
         current = raw.decode() if raw is not None else ""
         if current and current != self.token:
             [(_channel, subscribers)] = pipe.pubsub_numsub(seat_channel_prefix(self.label) + current)
             if subscribers > 0:
-                return False, current
+                return False, current, True
+            server, now_s = server_and_time(pipe)
+            silent_s = silent_for_s(decode_stamp(pipe.get(seat_seen_key(self.label))), current, server, now_s)
+            watched_s = self._clock() - watched_since if current == watched else 0.0
+            if silent_s is not None and silent_s < HOLDER_GONE_AFTER_S:
+                # it stamps, so it lives; unsubscribed all this while, it is a live holder all the same
+                return False, current, watched_s >= SEAT_WATCHED_S
+            if silent_s is None and watched_s < SEAT_WATCHED_S:
+                return False, current, False
         pipe.multi()
         pipe.set(seat_key(self.label), self.token)
-        return True, current
+        return True, current, False
 
     def check(self) -> None:
         """Keep the subscription read (a dropped connection is re-made and re-subscribed), and notice
         a seat another process took while this one was cut off from Redis."""
+        holder = self._client.get(seat_key(self.label))
+        if holder is not None and holder.decode() == self.token:
+            self._stamp()
         with self._lock:
             if self._pubsub is None:
                 return
             self._pubsub.get_message(timeout=0)
-        holder = self._client.get(seat_key(self.label))
         if holder is not None and holder.decode() != self.token and not self._lost:
             self._lost = True
             self._on_lost(
                 f"{self.label}'s seat was taken by another worker ({holder.decode()[:8]}) while this one "
-                "was cut off from Redis: two workers were started on one GPU; this one stops"
+                "was cut off from Redis (longer than Redis keeps a silent connection, or a second worker "
+                "was started on this GPU); this one stops"
             )
+
+    def _stamp(self) -> None:
+        """Show this holder lives, on this Redis server by its clock (recovery/seat_stamp.py)."""
+        server, now_s = server_and_time(self._client)
+        self._client.set(seat_seen_key(self.label), encode_stamp(Stamp(self.token, server, now_s)))
 
     def release(self) -> None:
         """Give the seat up (a clean stop): the next worker on this GPU needs no proof of death."""
@@ -139,7 +232,7 @@ class Seat:
         raw = pipe.get(seat_key(self.label))
         if raw is not None and raw.decode() == self.token:
             pipe.multi()
-            pipe.delete(seat_key(self.label))
+            pipe.delete(seat_key(self.label), seat_seen_key(self.label))
 
     def _close_subscription(self) -> None:
         with self._lock:

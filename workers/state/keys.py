@@ -66,6 +66,11 @@ def seat_key(label: str) -> str:
     return SEATS_KEY_PREFIX + label
 
 
+def seat_seen_key(label: str) -> str:
+    """When a GPU label's seat holder last showed it lives, on which Redis server (recovery/seat_stamp.py)."""
+    return seat_key(label) + ":seen"
+
+
 def seat_channel_prefix(label: str) -> str:
     return f"{SEAT_CHANNEL_PREFIX}{label}:"
 
