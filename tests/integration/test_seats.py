@@ -92,10 +92,12 @@ def test_a_seat_given_up_on_a_clean_stop_is_taken_without_a_word(redis_url: str)
     first.take()
     first.release()
 
-    taken = Seat(redis.Redis.from_url(redis_url), LABEL, on_lost=never_lost).take()
+    second = Seat(redis.Redis.from_url(redis_url), LABEL, on_lost=never_lost)
+    taken = second.take()
 
     assert taken.previous == ""
     assert redis.Redis.from_url(redis_url).get(f"draftgen:seats:{LABEL}") == taken.token.encode()
+    second.release()
 
 
 def test_a_seat_survives_a_redis_restart_of_its_holder(redis_url: str) -> None:
@@ -213,4 +215,46 @@ def test_a_holder_that_shows_it_lives_but_cannot_listen_is_not_replaced(
     with pytest.raises(SeatHeld, match=LABEL):
         newcomer.take()
     assert redis_client.get(f"draftgen:seats:{LABEL}") == holder.token.encode()
+    holder.release()
+
+
+@pytest.mark.parametrize("given_back_to", ["the dead predecessor", "nobody"])
+def test_a_holder_whose_seat_a_rollback_gave_back_takes_it_again_and_goes_on(
+    redis_client: redis.Redis, redis_url: str, given_back_to: str
+) -> None:
+    # Given a worker seated on its GPU in the place of a dead one
+    predecessor = "d" * 32
+    redis_client.set(f"draftgen:seats:{LABEL}", predecessor)
+    losses: list[str] = []
+    clock = StepClock()
+    holder = Seat(connect(redis_url), LABEL, on_lost=losses.append, clock=clock, sleep=clock.sleep)
+    assert holder.take().previous == predecessor
+    # When Redis comes back from a crash without its last second of writes: the seat names the dead
+    # process the worker took it from, or nobody
+    if given_back_to == "nobody":
+        redis_client.delete(f"draftgen:seats:{LABEL}")
+    else:
+        redis_client.set(f"draftgen:seats:{LABEL}", predecessor)
+
+    holder.check()
+
+    # Then the worker holds its seat again and goes on
+    assert redis_client.get(f"draftgen:seats:{LABEL}") == holder.token.encode()
+    assert losses == []
+    holder.release()
+
+
+def test_a_holder_whose_seat_a_live_process_holds_stops(redis_client: redis.Redis, redis_url: str) -> None:
+    losses: list[str] = []
+    holder = Seat(connect(redis_url), LABEL, on_lost=losses.append)
+    holder.take()
+    other = redis.Redis.from_url(redis_url).pubsub()
+    other.subscribe(f"draftgen:seat:{LABEL}:{'e' * 32}")
+    other.get_message(timeout=1.0)
+    redis_client.set(f"draftgen:seats:{LABEL}", "e" * 32)
+
+    holder.check()
+
+    assert len(losses) == 1 and "taken by another worker" in losses[0]
+    other.close()
     holder.release()

@@ -108,6 +108,7 @@ class Seat:
         self._lock = threading.Lock()
         self._lost = False
         self._taken = False
+        self._previous = ""  # the dead process this one took the seat from
         self._keeper = PeriodicThread("draftgen-seat", SEAT_CHECK_S, self.check)
 
     def take(self) -> TakenSeat:
@@ -129,6 +130,7 @@ class Seat:
                 "DRAFTGEN_HOSTNAME (two hosts with the same name share labels)"
             )
         self._taken = True
+        self._previous = holder
         self._stamp()
         self._keeper.start()
         return TakenSeat(self.token, holder)
@@ -194,9 +196,13 @@ class Seat:
         return True, current, False
 
     def check(self) -> None:
-        """Keep the subscription read (a dropped connection is re-made and re-subscribed), and notice
-        a seat another process took while this one was cut off from Redis."""
+        """Stamp the seat, keep the subscription read (a dropped connection is re-made and re-subscribed),
+        and notice a seat another live process took while this one was cut off from Redis. A seat that
+        names a process nobody listens for (a Redis that lost its last writes gave it back to the dead
+        predecessor this one took it from, or to nobody) is taken again."""
         holder = self._client.get(seat_key(self.label))
+        if self._taken and self._given_back(holder):
+            holder = self._take_again_from(holder)
         if holder is not None and holder.decode() == self.token:
             self._stamp()
         with self._lock:
@@ -210,6 +216,36 @@ class Seat:
                 "was cut off from Redis (longer than Redis keeps a silent connection, or a second worker "
                 "was started on this GPU); this one stops"
             )
+
+    def _given_back(self, holder: bytes | None) -> bool:
+        """Whether Redis, having lost its last writes, gave the seat back to nobody or to the dead process
+        this one took it from (one that does not listen)."""
+        if holder is None:
+            return True
+        if holder.decode() != self._previous or not self._previous:
+            return False
+        channel = seat_channel_prefix(self.label) + self._previous
+        [(_channel, subscribers)] = self._client.pubsub_numsub(channel)
+        return not subscribers
+
+    def _take_again_from(self, given_back: bytes | None) -> bytes | None:
+        """Under WATCH of the seat: this process's token again, unless the seat changed meanwhile; the
+        seat's holder after."""
+
+        def take_again(pipe: Pipeline) -> bytes | None:
+            raw: bytes | None = pipe.get(seat_key(self.label))
+            if raw != given_back:
+                return raw
+            pipe.multi()
+            pipe.set(seat_key(self.label), self.token)
+            return self.token.encode()
+
+        held: bytes | None = self._client.transaction(
+            take_again, seat_key(self.label), value_from_callable=True
+        )
+        if held == self.token.encode():
+            log.warning("%s's seat was given back by a Redis that lost its writes: taken again", self.label)
+        return held
 
     def _stamp(self) -> None:
         """Show this holder lives, on this Redis server by its clock (recovery/seat_stamp.py)."""
