@@ -218,7 +218,7 @@ def test_a_holder_that_shows_it_lives_but_cannot_listen_is_not_replaced(
     holder.release()
 
 
-@pytest.mark.parametrize("given_back_to", ["the dead predecessor", "nobody"])
+@pytest.mark.parametrize("given_back_to", ["the dead predecessor", "an older dead holder", "nobody"])
 def test_a_holder_whose_seat_a_rollback_gave_back_takes_it_again_and_goes_on(
     redis_client: redis.Redis, redis_url: str, given_back_to: str
 ) -> None:
@@ -234,7 +234,8 @@ def test_a_holder_whose_seat_a_rollback_gave_back_takes_it_again_and_goes_on(
     if given_back_to == "nobody":
         redis_client.delete(f"draftgen:seats:{LABEL}")
     else:
-        redis_client.set(f"draftgen:seats:{LABEL}", predecessor)
+        older = {"the dead predecessor": predecessor, "an older dead holder": "c" * 32}[given_back_to]
+        redis_client.set(f"draftgen:seats:{LABEL}", older)
 
     holder.check()
 

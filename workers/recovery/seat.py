@@ -108,7 +108,6 @@ class Seat:
         self._lock = threading.Lock()
         self._lost = False
         self._taken = False
-        self._previous = ""  # the dead process this one took the seat from
         self._keeper = PeriodicThread("draftgen-seat", SEAT_CHECK_S, self.check)
 
     def take(self) -> TakenSeat:
@@ -130,7 +129,6 @@ class Seat:
                 "DRAFTGEN_HOSTNAME (two hosts with the same name share labels)"
             )
         self._taken = True
-        self._previous = holder
         self._stamp()
         self._keeper.start()
         return TakenSeat(self.token, holder)
@@ -198,10 +196,10 @@ class Seat:
     def check(self) -> None:
         """Stamp the seat, keep the subscription read (a dropped connection is re-made and re-subscribed),
         and notice a seat another live process took while this one was cut off from Redis. A seat that
-        names a process nobody listens for (a Redis that lost its last writes gave it back to the dead
-        predecessor this one took it from, or to nobody) is taken again."""
+        names nobody, or a process nobody listens for (a Redis that lost its last writes gave it back to a
+        dead predecessor), is taken again."""
         holder = self._client.get(seat_key(self.label))
-        if self._taken and self._given_back(holder):
+        if self._taken and not self._lost and self._given_back(holder):
             holder = self._take_again_from(holder)
         if holder is not None and holder.decode() == self.token:
             self._stamp()
@@ -218,13 +216,14 @@ class Seat:
             )
 
     def _given_back(self, holder: bytes | None) -> bool:
-        """Whether Redis, having lost its last writes, gave the seat back to nobody or to the dead process
-        this one took it from (one that does not listen)."""
+        """Whether the seat names nobody, or another process that does not listen: a Redis that lost its
+        last writes gave it back to a dead one (this process lives, and a process that takes a seat
+        listens before it writes its token)."""
         if holder is None:
             return True
-        if holder.decode() != self._previous or not self._previous:
+        if holder.decode() == self.token:
             return False
-        channel = seat_channel_prefix(self.label) + self._previous
+        channel = seat_channel_prefix(self.label) + holder.decode()
         [(_channel, subscribers)] = self._client.pubsub_numsub(channel)
         return not subscribers
 
