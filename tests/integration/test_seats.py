@@ -157,8 +157,9 @@ def restart(process: RedisProcess, log_dir: Path) -> RedisProcess:
     return again
 
 
+@pytest.mark.parametrize("seat_after_the_restart", ["kept", "lost with the last writes"])
 def test_a_seat_holder_lives_through_a_redis_restart_and_a_newcomer_the_moment_it_is_back_is_refused(
-    own_redis: RedisProcess, tmp_path: Path
+    own_redis: RedisProcess, tmp_path: Path, seat_after_the_restart: str
 ) -> None:
     # Given a live worker seated on its GPU, holding a batch
     client = redis.Redis.from_url(own_redis.url)
@@ -168,7 +169,10 @@ def test_a_seat_holder_lives_through_a_redis_restart_and_a_newcomer_the_moment_i
     holder.take()
     LeaseKeeper(client, worker=LABEL, seat=holder.token, ttl_s=LONG_S).acquire(RUN, batch_id)
 
-    # When Redis restarts, and a second process starts on the same GPU label the moment it is back
+    # When Redis restarts (without the seat, when it lost its last writes), and a second process starts on
+    # the same GPU label the moment it is back
+    if seat_after_the_restart != "kept":
+        client.delete(f"draftgen:seats:{LABEL}", f"draftgen:seats:{LABEL}:seen")
     again = restart(own_redis, tmp_path / "second-life")
     try:
         with pytest.raises(SeatHeld, match=LABEL):

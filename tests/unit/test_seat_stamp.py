@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from workers.recovery.seat_stamp import STAMP_MAX_BYTES, Stamp, decode_stamp, encode_stamp, silent_for_s
+from workers.recovery.seat_stamp import (
+    STAMP_MAX_BYTES,
+    ServerView,
+    Stamp,
+    decode_stamp,
+    encode_stamp,
+    silent_for_s,
+)
 
 HOLDER, SERVER = "a" * 32, "f" * 40
 
@@ -30,7 +37,7 @@ def test_a_stamp_that_does_not_decode_tells_nothing(raw: bytes) -> None:
 
 
 def test_a_holder_is_silent_since_its_stamp_on_the_same_server() -> None:
-    assert silent_for_s(Stamp(HOLDER, SERVER, 100.0), HOLDER, SERVER, now_s=107.5) == 7.5
+    assert silent_for_s(Stamp(HOLDER, SERVER, 100.0), HOLDER, ServerView(SERVER, 107.5, 3600.0)) == 7.5
 
 
 @pytest.mark.parametrize(
@@ -43,4 +50,4 @@ def test_a_holder_is_silent_since_its_stamp_on_the_same_server() -> None:
     ],
 )
 def test_a_stamp_that_cannot_tell_says_so(stamp: Stamp | None, server: str) -> None:
-    assert silent_for_s(stamp, HOLDER, server, now_s=1_000.0) is None
+    assert silent_for_s(stamp, HOLDER, ServerView(server, 1_000.0, None)) is None

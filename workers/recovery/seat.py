@@ -14,9 +14,11 @@ holder unsubscribed takes the seat only once the holder has been silent for `HOL
 stamp, when it was written on this same Redis server (a kill, an OOM: the common case, at once when the
 restart took that long); else by watching the seat itself for `SEAT_WATCHED_S` of Redis being reachable
 without a break (after a Redis restart or a failover: a live holder subscribes and stamps again within
-`RESUBSCRIBE_WITHIN_S` of reaching Redis). A subscriber seen meanwhile refuses the newcomer. Taking the
-seat checks the same under WATCH of the seat key and writes the token in one transaction. A seat given
-up on a clean stop is gone from Redis and free at once.
+`RESUBSCRIBE_WITHIN_S` of reaching Redis). A subscriber seen meanwhile refuses the newcomer. A seat that
+names nobody is free (a clean stop deletes it), once Redis has been up `RESUBSCRIBE_WITHIN_S`: a Redis
+that lost its last writes may have lost a live holder's seat, which that holder writes again when it
+listens again. Taking the seat checks all this under WATCH of the seat key and writes the token in one
+transaction.
 
 Why that is safe: the only processes whose leases a new seat holder takes back are those that held the
 same label and showed no sign of life for longer than a live holder that reaches Redis ever does. Such a
@@ -39,6 +41,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import redis
 from redis.backoff import ConstantBackoff
@@ -47,7 +50,14 @@ from redis.retry import Retry
 
 from workers.errors import SeatHeld, SeatRefused
 from workers.periodic import PeriodicThread
-from workers.recovery.seat_stamp import Stamp, decode_stamp, encode_stamp, server_and_time, silent_for_s
+from workers.recovery.seat_stamp import (
+    ServerView,
+    Stamp,
+    decode_stamp,
+    encode_stamp,
+    silent_for_s,
+    view_server,
+)
 from workers.state.keys import seat_channel, seat_channel_prefix, seat_key, seat_seen_key
 
 log = logging.getLogger(__name__)
@@ -71,6 +81,13 @@ VACANCY_POLL_GAP_S = 2.0
 # How long taking a seat waits for Redis's answer to SUBSCRIBE (milliseconds, normally): a refusal read
 # later would let the seat look held by its live holder, and the worker say the wrong reason.
 SUBSCRIBE_ANSWER_S = 5.0
+
+
+def _up_long_enough(view: ServerView, watched_s: float) -> bool:
+    """Whether Redis has served long enough for every live holder to have written its seat again since it
+    came back (by its uptime; by this process's own watch when it may not ask)."""
+    up_s = view.up_s if view.up_s is not None else watched_s
+    return up_s >= RESUBSCRIBE_WITHIN_S
 
 
 def stop_this_process(reason: str) -> None:
@@ -97,6 +114,7 @@ class Seat:
         token: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        server: Callable[[Any], ServerView] = view_server,
     ) -> None:
         self._client = client
         self.label = label
@@ -104,6 +122,7 @@ class Seat:
         self._on_lost = on_lost
         self._clock = clock
         self._sleep = sleep
+        self._view_server = server
         self._pubsub: PubSub | None = None
         self._lock = threading.Lock()
         self._lost = False
@@ -145,8 +164,8 @@ class Seat:
 
     def _take_once_vacant(self) -> tuple[bool, str]:
         """(True, the previous holder or '') once taken, or (False, the live holder's token)."""
-        watched, watched_since = "", 0.0
-        last_look = self._clock()
+        watched: str | None = None
+        watched_since = last_look = self._clock()
         while True:
             take = partial(self._take_if, watched=watched, watched_since=watched_since)
             taken, holder, listened = self._client.transaction(
@@ -160,30 +179,35 @@ class Seat:
             if holder != watched or now - last_look > VACANCY_POLL_GAP_S:
                 if holder != watched:
                     log.info(
-                        "the seat of %s is held by %s, which no longer listens: taking it once that holder "
-                        "has been silent for %.0f s",
+                        "the seat of %s is held by %s, which does not listen (or Redis has just come back): "
+                        "taking it once that holder has been silent %.0f s",
                         self.label,
-                        holder[:8],
+                        holder[:8] or "nobody",
                         HOLDER_GONE_AFTER_S,
                     )
                 watched, watched_since = holder, now
             last_look = now
             self._sleep(VACANCY_POLL_S)
 
-    def _take_if(self, pipe: Pipeline, *, watched: str, watched_since: float) -> tuple[bool, str, bool]:
+    def _take_if(
+        self, pipe: Pipeline, *, watched: str | None, watched_since: float
+    ) -> tuple[bool, str, bool]:
         """Under WATCH of the seat and its stamp: (taken, holder, whether the holder lives). The seat is
-        taken when free, this process's, or held by a holder gone: silent for HOLDER_GONE_AFTER_S by its
-        stamp on this server, or, its stamp telling nothing, watched vacant (`watched` since
-        `watched_since`) for SEAT_WATCHED_S. A holder subscribed, or stamping all that while, lives."""
+        taken when it is this process's, free on a Redis up long enough for every live holder to listen
+        again, or held by a holder gone: silent for HOLDER_GONE_AFTER_S by its stamp on this server, or,
+        its stamp telling nothing, watched vacant (`watched` since `watched_since`) for SEAT_WATCHED_S. A
+        holder subscribed, or stamping all that while, lives."""
         raw = pipe.get(seat_key(self.label))
         current = raw.decode() if raw is not None else ""
+        view = self._view_server(pipe)
+        watched_s = self._clock() - watched_since if current == watched else 0.0
+        if not current and not _up_long_enough(view, watched_s):
+            return False, current, False  # a seat this Redis lost with its last writes looks free
         if current and current != self.token:
             [(_channel, subscribers)] = pipe.pubsub_numsub(seat_channel_prefix(self.label) + current)
             if subscribers > 0:
                 return False, current, True
-            server, now_s = server_and_time(pipe)
-            silent_s = silent_for_s(decode_stamp(pipe.get(seat_seen_key(self.label))), current, server, now_s)
-            watched_s = self._clock() - watched_since if current == watched else 0.0
+            silent_s = silent_for_s(decode_stamp(pipe.get(seat_seen_key(self.label))), current, view)
             if silent_s is not None and silent_s < HOLDER_GONE_AFTER_S:
                 # it stamps, so it lives; unsubscribed all this while, it is a live holder all the same
                 return False, current, watched_s >= SEAT_WATCHED_S
@@ -248,8 +272,8 @@ class Seat:
 
     def _stamp(self) -> None:
         """Show this holder lives, on this Redis server by its clock (recovery/seat_stamp.py)."""
-        server, now_s = server_and_time(self._client)
-        self._client.set(seat_seen_key(self.label), encode_stamp(Stamp(self.token, server, now_s)))
+        view = self._view_server(self._client)
+        self._client.set(seat_seen_key(self.label), encode_stamp(Stamp(self.token, view.server, view.now_s)))
 
     def release(self) -> None:
         """Give the seat up (a clean stop): the next worker on this GPU needs no proof of death."""

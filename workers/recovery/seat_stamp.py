@@ -7,6 +7,8 @@ one after every restart, and on every other server after a failover) and that se
 that finds the holder unsubscribed reads the stamp: written on this same server, its age is how long the
 holder has been silent (a live holder that reaches Redis stamps every check, subscribed or not); written
 on another server (or not at all), it proves nothing, and the newcomer watches the seat itself instead.
+The server's uptime says whether it came back so recently that its seats' holders may not be listening
+again yet (a seat Redis lost with its last writes looks free).
 A stamp is read from Redis, so it is decoded with a bound and a malformed one counts as no stamp.
 """
 
@@ -20,6 +22,7 @@ import redis
 STAMP_MAX_BYTES = 256
 SERVER_SECTION = "server"
 RUN_ID_FIELD = "run_id"
+UPTIME_FIELD = "uptime_in_seconds"
 MICROSECONDS_PER_S = 1e6
 
 
@@ -46,21 +49,31 @@ def decode_stamp(raw: bytes | None) -> Stamp | None:
         return None
 
 
-def server_and_time(client: Any) -> tuple[str, float]:
-    """(the Redis server's run_id, or '' when this user may not ask, its clock in seconds); `client` is a
-    client or a pipeline in immediate mode (under WATCH)."""
+@dataclass(frozen=True)
+class ServerView:
+    """The Redis server a client speaks to, as a seat needs it."""
+
+    server: str  # its run_id: a new one after every restart, another on another server; '' when unknown
+    now_s: float  # its clock
+    up_s: float | None  # how long it has been up; None when unknown
+
+
+def view_server(client: Any) -> ServerView:
+    """The server `client` (a client, or a pipeline in immediate mode under WATCH) speaks to; its run_id
+    and uptime unknown when this Redis user may not ask INFO."""
     seconds, microseconds = client.time()
     now_s = float(seconds) + float(microseconds) / MICROSECONDS_PER_S
     try:
         info = client.info(SERVER_SECTION)
     except redis.exceptions.NoPermissionError:
-        return "", now_s
-    return str(info.get(RUN_ID_FIELD, "")), now_s
+        return ServerView("", now_s, None)
+    up_s = info.get(UPTIME_FIELD)
+    return ServerView(str(info.get(RUN_ID_FIELD, "")), now_s, float(up_s) if up_s is not None else None)
 
 
-def silent_for_s(stamp: Stamp | None, holder: str, server: str, now_s: float) -> float | None:
+def silent_for_s(stamp: Stamp | None, holder: str, view: ServerView) -> float | None:
     """How long `holder` has shown no sign of life on this server, or None when its stamp cannot tell
     (none, another holder's, written on another server, or this server's identity unknown)."""
-    if stamp is None or stamp.token != holder or not server or stamp.server != server:
+    if stamp is None or stamp.token != holder or not view.server or stamp.server != view.server:
         return None
-    return max(0.0, now_s - stamp.at_s)
+    return max(0.0, view.now_s - stamp.at_s)
