@@ -117,18 +117,22 @@ class FinishedBodies:
         return verdict
 
     def _committed(self, keys: RunKeys, ids: list[str]) -> set[str]:
-        """The ids committed: done, or dead-lettered with the letter no longer pending."""
+        """The ids committed: done, or dead-lettered with the letter no longer pending (asked only of the
+        few that are not done)."""
         if not ids:
             return set()
+        done = {i for i, is_done in zip(ids, self._client.smismember(keys.done, ids), strict=True) if is_done}
+        rest = [i for i in ids if i not in done]
+        if not rest:
+            return done
         with self._client.pipeline(transaction=False) as pipe:
-            pipe.smismember(keys.done, ids)
-            for prompt_id in ids:
+            for prompt_id in rest:
                 pipe.hexists(keys.dead, prompt_id)
-            pipe.zmscore(keys.dead_pending, ids)
+            pipe.zmscore(keys.dead_pending, rest)
             replies = pipe.execute()
-        done, dead, pending = replies[0], replies[1:-1], replies[-1]
-        return {
+        dead, pending = replies[:-1], replies[-1]
+        return done | {
             prompt_id
-            for prompt_id, is_done, is_dead, pending_since in zip(ids, done, dead, pending, strict=True)
-            if is_done or (is_dead and pending_since is None)
+            for prompt_id, is_dead, pending_since in zip(rest, dead, pending, strict=True)
+            if is_dead and pending_since is None
         }

@@ -41,7 +41,7 @@ class RunView:
     accepted: bool  # in the run's id buckets
     done: bool  # committed
     dead: bool  # dead-lettered (committed or pending)
-    staged: bool  # a completion awaits upload
+    staged: bool | None  # a completion awaits upload (None: not asked)
 
     @property
     def unsettled(self) -> bool:
@@ -60,8 +60,11 @@ class Checked(Generic[R]):
     inflated_bytes: int = 0  # what judging it inflated (a part's budget counts it)
 
 
-def read_views(client: redis.Redis, keys: RunKeys, ids: Sequence[str]) -> list[RunView]:
-    """What the run holds of each id, in one round trip."""
+def read_views(
+    client: redis.Redis, keys: RunKeys, ids: Sequence[str], *, staged: bool = True
+) -> list[RunView]:
+    """What the run holds of each id, in one round trip (whether it is staged only when asked: a record
+    read from `staged` is)."""
     if not ids:
         return []
     with client.pipeline(transaction=False) as pipe:
@@ -70,15 +73,15 @@ def read_views(client: redis.Redis, keys: RunKeys, ids: Sequence[str]) -> list[R
         pipe.smismember(keys.done, list(ids))
         for prompt_id in ids:
             pipe.hexists(keys.dead, prompt_id)
-        for prompt_id in ids:
+        for prompt_id in ids if staged else ():
             pipe.hexists(keys.staged, prompt_id)
         replies = pipe.execute()
     count = len(ids)
     accepted, done = replies[:count], replies[count]
-    dead, staged = replies[count + 1 : 2 * count + 1], replies[2 * count + 1 :]
+    dead, is_staged = replies[count + 1 : 2 * count + 1], replies[2 * count + 1 :] or [None] * count
     return [
-        RunView(accepted=bool(a), done=bool(d), dead=bool(x), staged=bool(s))
-        for a, d, x, s in zip(accepted, done, dead, staged, strict=True)
+        RunView(accepted=bool(a), done=bool(d), dead=bool(x), staged=None if s is None else bool(s))
+        for a, d, x, s in zip(accepted, done, dead, is_staged, strict=True)
     ]
 
 
