@@ -24,6 +24,7 @@ from inference.records import DeadLetter, Origin, PromptBatch, SamplingSettings
 from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
 from producer.enqueue import Enqueuer, pin_settings
 from producer.gc import collect_orphans
+from producer.metrics_exporter import DraftgenCollector
 from producer.recover import write_run_settings
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
@@ -82,7 +83,7 @@ class World:
     def flush(self) -> FlushReport:
         return self.uploader.flush(self.run)
 
-    def forge_staged(self, field: str, blob: bytes) -> None:
+    def forge_staged(self, field: bytes | str, blob: bytes) -> None:
         """What the node's password can do without any function: a record under any field, indexed."""
         assert self.node.hsetnx(self.keys.staged, field, blob)
         self.node.zadd(self.keys.staged_index, {field: redis_now_s(self.node)})
@@ -216,11 +217,33 @@ def test_an_id_the_run_never_accepted_is_never_committed_and_status_never_says_o
     assert (status.progress.committed, status.progress.enqueued, status.state) == (2, 2, STATE_FINISHED)
     assert status.quarantine is not None and status.quarantine.reasons == {"not_accepted": 1}
     assert any("1 records quarantined (not_accepted 1)" in warning for warning in status.warnings)
+    exported = {
+        (sample.name, sample.labels.get("reason", "")): sample.value
+        for family in DraftgenCollector(world.producer, lambda: [world.run]).collect()
+        for sample in family.samples
+        if "quarantined" in sample.name
+    }
+    assert exported == {
+        ("draftgen_records_quarantined", ""): 1,
+        ("draftgen_records_quarantined_by_reason", "not_accepted"): 1,
+    }
     assert verified(world) == ["staged intruder not_accepted"]
     assert [entry.id for entry in verify_run(world.store, world.run).quarantined] == ["intruder"]  # no Redis
     kept = [info.key for info in world.store.list(QUARANTINE_PREFIX)]
     collect_orphans(world.store)
     assert kept and [info.key for info in world.store.list(QUARANTINE_PREFIX)] == kept  # gc leaves them
+
+
+def test_a_record_under_a_field_that_is_no_text_is_quarantined_not_a_wedge(world: World) -> None:
+    (batch,) = world.enqueue(["p0"])
+    world.forge_staged(b"\xff\xfe", encode_blob(completion("p0")))
+    world.worker.generate(batch)
+
+    report = world.flush()
+
+    assert world.committed() == {"p0": 1} and report.quarantined == 1
+    assert world.producer.zcard(world.keys.staged_index) == 0
+    assert verified(world) == ["staged \\xff\\xfe unreadable"]
 
 
 def test_a_pending_dead_letter_under_the_wrong_prompt_is_quarantined_and_that_prompt_generated(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -29,7 +29,7 @@ from workers.state.quarantine import (
     quarantined,
     unreadable,
 )
-from workers.state.record_limits import RECORD_LIMIT_BYTES, SMALL_RECORD_LIMIT_BYTES
+from workers.state.record_limits import PREVIEW_BYTES, RECORD_LIMIT_BYTES, SMALL_RECORD_LIMIT_BYTES
 
 R = TypeVar("R", Completion, DeadLetter)
 
@@ -58,6 +58,12 @@ class Checked(Generic[R]):
     quarantined: QuarantinedRecord | None
     real_prompt: bool  # the field is an id the run accepted (a quarantined one is generated again)
     inflated_bytes: int = 0  # what judging it inflated (a part's budget counts it)
+    raw_field: bytes | None = None  # a field that is no text, as Redis holds it
+
+    @property
+    def redis_field(self) -> bytes | str:
+        """The field as Redis knows it."""
+        return self.raw_field if self.raw_field is not None else self.field
 
 
 def read_views(
@@ -83,6 +89,24 @@ def read_views(
         RunView(accepted=bool(a), done=bool(d), dead=bool(x), staged=None if s is None else bool(s))
         for a, d, x, s in zip(accepted, done, dead, is_staged, strict=True)
     ]
+
+
+def named(members: Sequence[bytes], kind: QuarantineKind) -> tuple[list[str], list[Checked[Any]]]:
+    """The ids of an index's members; a member that is not UTF-8 text is no prompt id (every id a run
+    accepts is text), and is judged unreadable as it is."""
+    ids: list[str] = []
+    unnamed: list[Checked[Any]] = []
+    for member in members:
+        try:
+            ids.append(member.decode())
+        except UnicodeDecodeError:
+            shown = member.decode(errors="backslashreplace")
+            detail = "its field is not UTF-8 text: no prompt id is"
+            entry = quarantined(
+                kind, shown, None, QuarantineReason.UNREADABLE, detail, inflated_limit_bytes=PREVIEW_BYTES
+            )
+            unnamed.append(Checked(shown, None, entry, real_prompt=False, raw_field=member))
+    return ids, unnamed
 
 
 def judge_staged(field: str, blob: bytes | None, view: RunView) -> Checked[Completion]:

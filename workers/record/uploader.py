@@ -45,13 +45,20 @@ from workers.record.output_pin import OutputPin
 from workers.record.parquet_io import completions_to_parquet
 from workers.record.quarantine_output import write_quarantined
 from workers.record.reading import read_part
-from workers.record.record_checks import Checked, RunView, judge_dead_letter, judge_staged, read_views
+from workers.record.record_checks import (
+    Checked,
+    RunView,
+    judge_dead_letter,
+    judge_staged,
+    named,
+    read_views,
+)
 from workers.record.upload_settings import UploadSettings
 from workers.state.codec import decode_json
 from workers.state.keys import SERVERS_KEY
 from workers.state.ledger import RunLedger
 from workers.state.protocol import Scripts
-from workers.state.quarantine import STALE, Quarantine, QuarantinedRecord, Regeneration
+from workers.state.quarantine import STALE, Quarantine, QuarantinedRecord, QuarantineKind, Regeneration
 from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES, batch_body_limit_bytes
 from workers.state.redis_client import redis_now_s
 from workers.state.runs import load_run_settings
@@ -158,9 +165,11 @@ class Uploader:
         )
         if not due:
             return None
-        completions, suspects = self._completions(ledger, [m.decode() for m, _ in oldest])
-        letters, bad_letters = self._dead_letters(ledger, [m.decode() for m, _ in oldest_dead])
-        selection = Selection(completions, letters, [*suspects, *bad_letters])
+        staged_ids, unnamed = named([member for member, _score in oldest], QuarantineKind.STAGED)
+        dead_ids, unnamed_dead = named([member for member, _score in oldest_dead], QuarantineKind.DEAD_LETTER)
+        completions, suspects = self._completions(ledger, staged_ids)
+        letters, bad_letters = self._dead_letters(ledger, dead_ids)
+        selection = Selection(completions, letters, [*unnamed, *suspects, *unnamed_dead, *bad_letters])
         return selection if selection.committable or selection.quarantined else None
 
     def _completions(self, ledger: RunLedger, ids: list[str]) -> tuple[list[Completion], Suspects]:
@@ -227,7 +236,7 @@ class Uploader:
         write_quarantined(store, entries)
         quarantine = Quarantine(self.client, ledger.keys.run)
         for suspect, entry in zip(suspects, entries, strict=True):
-            became, batch_id = self._quarantine_one(quarantine, token, entry, real_prompt=suspect.real_prompt)
+            became, batch_id = self._quarantine_one(quarantine, token, entry, suspect)
             if became is Regeneration.REOPENED and batch_id not in report.reopened_batches:
                 report.reopened_batches.append(batch_id)
             log.error(
@@ -242,14 +251,22 @@ class Uploader:
             report.quarantined += 1
 
     def _quarantine_one(
-        self, quarantine: Quarantine, token: str, entry: QuarantinedRecord, *, real_prompt: bool
+        self,
+        quarantine: Quarantine,
+        token: str,
+        entry: QuarantinedRecord,
+        suspect: Checked[Completion] | Checked[DeadLetter],
     ) -> tuple[Regeneration, str]:
         """What became of the entry's prompt, and the finished batch that held it ('' for none)."""
         for _look in range(STALE_LOOKS):
-            batch_id = quarantine.finished_batch_of(entry.id)
+            batch_id = quarantine.finished_batch_of(suspect.redis_field)
             try:
                 became = quarantine.record(
-                    entry, lock_token=token, batch_id=batch_id, real_prompt=real_prompt
+                    entry,
+                    lock_token=token,
+                    batch_id=batch_id,
+                    real_prompt=suspect.real_prompt,
+                    field=suspect.redis_field,
                 )
             except redis.ResponseError as error:
                 if str(error).startswith(STALE):

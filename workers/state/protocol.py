@@ -8,7 +8,9 @@ workers/state/function_library.py), which declares to Redis only the keys a scri
 marked "read" below travel by name, and the script still finds them in KEYS, in the order listed. The
 Python faces are `workers.state.ledger.RunLedger` (stage, dead-letter, commit, recover),
 `producer.enqueue.Enqueuer` (classify, claim), `workers.record.uploader.Uploader` (the flush lock),
-`workers.recovery.leases` and `workers.recovery.reconciler`.
+`workers.state.quarantine.Quarantine` (records and batches kept apart),
+`workers.record.finished_bodies` (finished batches' kept bodies), `workers.recovery.leases` and
+`workers.recovery.reconciler`.
 """
 
 from __future__ import annotations

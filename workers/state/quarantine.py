@@ -134,10 +134,17 @@ class Quarantine:
         self._scripts = Scripts.register(client)
 
     def record(
-        self, entry: QuarantinedRecord, *, lock_token: str, batch_id: str, real_prompt: bool
+        self,
+        entry: QuarantinedRecord,
+        *,
+        lock_token: str,
+        batch_id: str,
+        real_prompt: bool,
+        field: bytes | str | None = None,
     ) -> Regeneration:
-        """Take a staged completion or pending dead letter off the upload path (raises redis.ResponseError
-        STALE when `batch_id`, what finished_prompts said of the prompt, is no longer so)."""
+        """Take a staged completion or pending dead letter off the upload path, its `field` as Redis holds
+        it (the entry's id unless given). Raises redis.ResponseError STALE when `batch_id`, what
+        finished_prompts said of the prompt, is no longer so."""
         keys = self.keys
         result = self._scripts.quarantine_record(
             keys=[
@@ -157,7 +164,7 @@ class Quarantine:
             ],
             args=[
                 lock_token,
-                entry.id,
+                entry.id if field is None else field,
                 "staged" if entry.kind == QuarantineKind.STAGED else "dead",
                 entry.field,
                 encode_entry(entry),
@@ -167,7 +174,7 @@ class Quarantine:
         )
         return Regeneration(result.decode() if isinstance(result, bytes) else result)
 
-    def finished_batch_of(self, prompt_id: str) -> str:
+    def finished_batch_of(self, prompt_id: bytes | str) -> str:
         """The finished batch whose kept body holds the prompt, '' when none."""
         raw = self.client.hget(self.keys.finished_prompts, prompt_id)
         return raw.decode() if raw is not None else ""
