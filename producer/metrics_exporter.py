@@ -121,6 +121,7 @@ def add_run(families: _Families, status: RunStatus, counters: dict[str, int]) ->
     if status.upload.oldest_staged_age_s is not None:
         oldest.add_metric(run, status.upload.oldest_staged_age_s)
     _labelled_counters(families, status.run, counters)
+    _quarantine(families, status)
     per_gpu = families.gauge(
         "gpu_output_tokens_per_second",
         "The run's output tokens per second per GPU, last minute.",
@@ -140,6 +141,25 @@ def _labelled_counters(families: _Families, run: str, counters: dict[str, int]) 
         for key, value in sorted(counters.items()):
             if key.startswith(prefix):
                 family.add_metric([run, key.removeprefix(prefix)], value)
+
+
+def _quarantine(families: _Families, status: RunStatus) -> None:
+    quarantine = status.quarantine
+    records = families.gauge(
+        "records_quarantined", "Records read back from Redis that could not be trusted, kept apart.", ["run"]
+    )
+    records.add_metric([status.run], quarantine.records if quarantine else 0)
+    awaiting = families.gauge(
+        "prompts_awaiting_regeneration",
+        "Real prompts of quarantined records not generated again yet.",
+        ["run"],
+    )
+    awaiting.add_metric([status.run], quarantine.awaiting_regeneration if quarantine else 0)
+    by_reason = families.gauge(
+        "records_quarantined_by_reason", "Quarantined records by reason (over those read).", ["run", "reason"]
+    )
+    for reason, count in (quarantine.reasons if quarantine else {}).items():
+        by_reason.add_metric([status.run, reason], count)
 
 
 def add_fleet(families: _Families, client: redis.Redis) -> None:

@@ -12,7 +12,6 @@ import redis
 from moto.server import ThreadedMotoServer
 
 from devstack.local_stack import RedisProcess, free_port, start_redis
-from tests.support.redis_head import RedisHead, start_redis_head
 
 TEST_BUCKET = "draftgen-test"
 FAKE_AWS_ENV = {
@@ -83,11 +82,3 @@ def log_dir(tmp_path: Path) -> Path:
     path.mkdir()
     return path
 
-
-@pytest.fixture(scope="module")
-def redis_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
-    """The head node's Redis as deploy/multi-node.md configures it: TLS, and the deploy ACL's users."""
-    root = tmp_path_factory.mktemp("redis-head")
-    head = start_redis_head(root, root)
-    yield head
-    head.stop()

@@ -31,6 +31,7 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
+from producer.status.quarantine_figures import quarantine_warning, read_quarantine
 from workers.record.manifest import decode_entry
 from workers.state.control import pause_state
 from workers.state.exit_notes import read_exit_notes
@@ -125,6 +126,10 @@ def gather_status(
     entries = [decode_entry(raw) for raw in manifest]
     queues = queue_depths(client)
     stranded = stranded_warning(progress, queues, paused=paused is not None)
+    quarantine = read_quarantine(client, run)
+    quarantined = quarantine_warning(
+        quarantine, remaining=progress.remaining, open_batches=progress.open_batches
+    )
     return RunStatus(
         run=run,
         now=now,
@@ -164,6 +169,7 @@ def gather_status(
             if paused is not None
             else None
         ),
-        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning]
+        warnings=[warning for warning in (stranded, token_ids_warning(counters), quarantined) if warning]
         + [f"restarted itself within the hour: {note}" for note in read_exit_notes(client).values()],
+        quarantine=quarantine,
     )

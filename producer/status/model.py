@@ -4,6 +4,7 @@ metrics exporter."""
 from __future__ import annotations
 
 from inference.records import Record
+from producer.status.quarantine_figures import QuarantineFigures
 
 
 class Progress(Record, frozen=True):
@@ -120,3 +121,4 @@ class RunStatus(Record, frozen=True):
     gate: GateFigures
     paused: PauseFigures | None
     warnings: list[str]
+    quarantine: QuarantineFigures | None = None  # records kept apart (None: never any)

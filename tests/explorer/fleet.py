@@ -387,12 +387,15 @@ class UploaderProcess:
     def flush(self) -> None:
         run = self.fleet.flush_requests.pop(0)
         try:
-            self.uploader.flush(run)
+            report = self.uploader.flush(run)
         except RetryLater:
             self.fleet.flush_requests.append(run)
+            return
         except Killed:  # its message is unacknowledged: Celery delivers it again
             self.fleet.flush_requests.append(run)
             raise
+        for batch_id in report.reopened_batches:  # as the flush task does (workers/tasks.py)
+            self.fleet.bus.publish(self.client, run, batch_id)
 
 
 class EnqueueProcess:

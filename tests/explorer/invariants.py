@@ -1,7 +1,9 @@
 """What must hold after every step of an explored schedule, and at its end.
 
 After every step:
-- no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice);
+- no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice), a
+  finished batch's kept body counting as one (a quarantined prompt re-opens it);
+- no kept body of a finished batch holds a prompt that still needs generating (nothing would generate it);
 - no lease a holder gave up (handed back, or finished) is held again in Redis by that holder;
 - the output commits no prompt twice, and none both as a completion and as a dead letter;
 - `status` says `finished` only when the output holds every prompt Redis counts as enqueued;
@@ -27,24 +29,36 @@ from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 
-# The stored batches and the lease holders, in one round trip: this runs after every action.
+# The stored batches (open, and finished ones' kept bodies), the lease holders, and the prompts a kept
+# finished body holds unsettled, in one round trip: this runs after every action.
 _BATCHES_AND_HOLDERS = """
+local function settled(id)
+  return redis.call('SISMEMBER', KEYS[3], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1
+    or redis.call('HEXISTS', KEYS[5], id) == 1
+end
 local blobs = {}
-local cursor = '0'
-repeat
-  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
-  cursor = page[1]
-  for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
-until cursor == '0'
+for pattern = 1, 2 do
+  local cursor = '0'
+  repeat
+    local page = redis.call('SCAN', cursor, 'MATCH', ARGV[pattern], 'COUNT', 1000)
+    cursor = page[1]
+    for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
+  until cursor == '0'
+end
 local settled_but_kept = {}
 for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
-  if redis.call('SISMEMBER', KEYS[3], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1
-    or redis.call('HEXISTS', KEYS[5], id) == 1 then
-    table.insert(settled_but_kept, id)
+  if settled(id) then table.insert(settled_but_kept, id) end
+end
+local finished_unsettled = {}
+local finished = redis.call('HGETALL', KEYS[6])
+for i = 1, #finished, 2 do
+  if redis.call('EXISTS', ARGV[3] .. finished[i + 1]) == 1 and not settled(finished[i]) then
+    table.insert(finished_unsettled, finished[i])
   end
 end
-return {blobs, redis.call('HGETALL', KEYS[1]), settled_but_kept}
+return {blobs, redis.call('HGETALL', KEYS[1]), settled_but_kept, finished_unsettled}
 """
 
 
@@ -61,9 +75,10 @@ class Invariants:
 
     def after_step(self) -> list[str]:
         keys = self._keys
-        blobs, holders, settled_but_kept = self._read(
-            keys=[keys.lease_owners, keys.turns, keys.done, keys.staged, keys.dead],
-            args=[f"{keys.batches_prefix}*"],
+        finished_prefix = keys.finished_batch("")
+        blobs, holders, settled_but_kept, finished_unsettled = self._read(
+            keys=[keys.lease_owners, keys.turns, keys.done, keys.staged, keys.dead, keys.finished_prompts],
+            args=[f"{keys.batches_prefix}*", f"{finished_prefix}*", finished_prefix],
         )
         found = [
             *self._batches(blobs),
@@ -71,15 +86,16 @@ class Invariants:
             *self._output(),
             *self._status(),
             *(f"conversation {raw.decode()} is settled and still has turns kept" for raw in settled_but_kept),
+            *(f"prompt {raw.decode()} is unsettled in a finished batch" for raw in finished_unsettled),
         ]
-        self.checked += 5
+        self.checked += 6
         return found
 
     def _batches(self, blobs: list[bytes]) -> list[str]:
         holder: dict[str, str] = {}
         found: list[str] = []
         for blob in blobs:
-            batch = decode_blob(blob, PromptBatch)
+            batch = decode_blob(blob, PromptBatch, limit_bytes=RECORD_LIMIT_BYTES)
             for one in batch.prompts:
                 if one.id in holder:
                     found.append(f"prompt {one.id} is in batches {holder[one.id]} and {batch.batch_id}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.records import Origin, Prompt, PromptBatch, SamplingSettings
+from inference.records import Origin, Prompt, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
@@ -25,10 +25,10 @@ from tests.support.redis_head import GPU_NODES, RedisHead, node_user
 from workers.context import WorkerContext
 from workers.errors import FunctionsMissing, RetryLater
 from workers.generate import batches
+from workers.generate.batches import read_batch
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.recovery.leases import Acquired, LeaseKeeper
 from workers.settings import WorkerSettings
-from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.protocol import LIBRARY
 from workers.state.runs import RunSettings
@@ -45,17 +45,17 @@ def client_of(head: RedisHead, user: str) -> redis.Redis:
 
 
 @pytest.fixture
-def producer(redis_head: RedisHead, tmp_path: Path) -> Iterator[redis.Redis]:
-    client = client_of(redis_head, "producer")
-    client_of(redis_head, "admin").flushall()
+def producer(head: RedisHead, tmp_path: Path) -> Iterator[redis.Redis]:
+    client = client_of(head, "producer")
+    client_of(head, "admin").flushall()
     LIBRARY.load(client)
     yield client
     client.close()
 
 
 @pytest.fixture
-def context(redis_head: RedisHead) -> Iterator[WorkerContext]:
-    settings = WorkerSettings(redis_url=redis_head.urls[node_user(NODE)], hostname=NODE, gpu=0)
+def context(head: RedisHead) -> Iterator[WorkerContext]:
+    settings = WorkerSettings(redis_url=head.urls[node_user(NODE)], hostname=NODE, gpu=0)
     context = WorkerContext(settings)
     context.dispatcher = RecordingDispatcher()
     yield context
@@ -119,11 +119,11 @@ class KnownServer:
 
 
 def test_a_batch_whose_hand_over_meets_no_function_library_hands_its_lease_back_once_it_is_loaded_again(
-    redis_head: RedisHead, producer: redis.Redis, context: WorkerContext, tmp_path: Path
+    head: RedisHead, producer: redis.Redis, context: WorkerContext, tmp_path: Path
 ) -> None:
     # Given a batch a generate worker is about to hand over, when the function library disappears
     batch_id = enqueue_one_batch(producer, tmp_path, ["p0", "p1"])
-    admin = client_of(redis_head, "admin")
+    admin = client_of(head, "admin")
     engine = StagingEngine(before_hand_over=lambda: lose_the_function_library(admin))
     context._engine = engine  # type: ignore[assignment]
     context._server_record = KnownServer(engine.origin)  # type: ignore[assignment]
@@ -139,16 +139,17 @@ def test_a_batch_whose_hand_over_meets_no_function_library_hands_its_lease_back_
 
 
 def test_a_batch_tail_whose_hand_over_meets_no_function_library_hands_its_lease_back_once_it_is_loaded_again(
-    redis_head: RedisHead, producer: redis.Redis, context: WorkerContext, tmp_path: Path
+    head: RedisHead, producer: redis.Redis, context: WorkerContext, tmp_path: Path
 ) -> None:
     # Given a batch whose message was acknowledged and whose last prompts are still being generated
     batch_id = enqueue_one_batch(producer, tmp_path, ["p0", "p1"])
     _, lease = context.leases.acquire(RUN, batch_id)
     blob = producer.get(RunKeys(RUN).batch(batch_id))
     assert blob is not None
-    batch = decode_blob(blob, PromptBatch)
+    batch = read_batch(producer, RUN, batch_id, blob, batch_size=2)
+    assert batch is not None
     # When the function library disappears and the tail's hand-over meets it
-    lose_the_function_library(client_of(redis_head, "admin"))
+    lose_the_function_library(client_of(head, "admin"))
     done: Future[BatchOutcome] = Future()
     try:
         context.leases.finish(lease, ["p0", "p1"])

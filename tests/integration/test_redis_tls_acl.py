@@ -72,11 +72,6 @@ HEARTBEAT_TTL_S = 30
 
 
 @pytest.fixture(scope="module")
-def head(redis_head: RedisHead) -> RedisHead:
-    return redis_head
-
-
-@pytest.fixture(scope="module")
 def sims() -> Iterator[list[SimulatorProcess]]:
     started = simulators(1, speedup=SPEEDUP)
     yield started

@@ -32,10 +32,12 @@ import msgspec
 import redis
 
 from inference.records import Record
-from workers.errors import FunctionsMissing
+from workers.errors import FunctionsMissing, RecordUnreadable
 from workers.periodic import PeriodicThread
+from workers.state.codec import decode_json
 from workers.state.keys import RunKeys
 from workers.state.protocol import Scripts
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +64,8 @@ class LeaseHolder(Record, frozen=True):
 
 def decode_holder(raw: bytes | str) -> LeaseHolder | None:
     try:
-        return msgspec.json.decode(raw, type=LeaseHolder)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        return decode_json(raw, LeaseHolder, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    except RecordUnreadable:
         return None
 
 
@@ -239,9 +241,9 @@ def finish_batch(
     prompt_ids: Sequence[str],
     scripts: Scripts | None = None,
 ) -> list[str]:
-    """The batch is done (or given up): its prompts, lease, place among open batches and failures go,
-    once Redis holds every one of `prompt_ids` as staged, committed or dead. Returns those it does not
-    (and then changes nothing)."""
+    """The batch is done (or given up): its lease, place among open batches and failures go, and its body
+    is kept finished until its prompts are committed, once Redis holds every one of `prompt_ids` as
+    staged, committed or dead. Returns those it does not (and then changes nothing)."""
     keys = RunKeys(run)
     unsettled = (scripts or Scripts.register(client)).finish_batch(
         keys=[
@@ -253,6 +255,9 @@ def finish_batch(
             keys.done,
             keys.staged,
             keys.dead,
+            keys.finished_batch(batch_id),
+            keys.finished_batches,
+            keys.finished_prompts,
         ],
         args=[batch_id, *prompt_ids],
     )

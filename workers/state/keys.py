@@ -137,6 +137,28 @@ class RunKeys:
         """What every batch key of the run starts with (to SCAN for them)."""
         return self._key("batch:")
 
+    def finished_batch(self, batch_id: str) -> str:
+        """A finished batch's body, kept (FINISH_BATCH renames `batch` to it) until every prompt of it is
+        committed: a prompt quarantined meanwhile re-opens the batch to be generated again."""
+        return self._key(f"finished_batch:{batch_id}")
+
+    @property
+    def finished_batches(self) -> str:
+        """Sorted set of the batch ids whose body is kept finished, by when the uploader last judged them
+        (Redis clock, seconds): the least recently judged are looked at first."""
+        return self._key("finished_batches")
+
+    @property
+    def finished_prompts(self) -> str:
+        """Hash prompt id -> the finished batch that carried it, while that batch's body is kept."""
+        return self._key("finished_prompts")
+
+    @property
+    def quarantined(self) -> str:
+        """Hash `<kind>:<id>` -> a record read back that could not be trusted (JSON, state/quarantine.py):
+        kept apart with its reason, never committed, never marked done."""
+        return self._key("quarantined")
+
     @property
     def open_batches(self) -> str:
         """Sorted set of stored, unfinished batch ids by when the reconciler may next judge them
