@@ -7,7 +7,12 @@ After every step:
 - no lease a holder gave up (handed back, or finished) is held again in Redis by that holder;
 - the output commits no prompt twice, and none both as a completion and as a dead letter;
 - `status` says `finished` only when the output holds every prompt Redis counts as enqueued;
-- no conversation staged, done or dead still has turns kept for a resume.
+- no conversation staged, done or dead still has turns kept for a resume;
+- no live generate worker is told its seat was taken, and no seat is taken from a live holder (a second
+  worker started on a live GPU label, a worker restarted after a kill, around Redis dropping every
+  subscription and losing its last writes);
+- no live worker renews a lease that no execution of it holds any more (a batch that ended in any way,
+  the function library missing included, gave its lease back).
 At the end, once faults have stopped and the fleet has worked on: the output alone (no Redis) holds
 every input prompt exactly once, committed or dead-lettered, every committed conversation holds all its
 turns in order, no turns are kept any more, and `status` says `finished`.
@@ -87,9 +92,28 @@ class Invariants:
             *self._status(),
             *(f"conversation {raw.decode()} is settled and still has turns kept" for raw in settled_but_kept),
             *(f"prompt {raw.decode()} is unsettled in a finished batch" for raw in finished_unsettled),
+            *self._seats(),
+            *self._leaked_leases(),
         ]
-        self.checked += 6
+        self.checked += 8
         return found
+
+    def _seats(self) -> list[str]:
+        """No live worker is told its seat was taken, and no seat is taken from a live holder."""
+        fleet = self._fleet
+        found = [*fleet.seat_losses, *fleet.seat_violations]
+        fleet.seat_losses.clear()
+        fleet.seat_violations.clear()
+        return found
+
+    def _leaked_leases(self) -> list[str]:
+        """No live worker renews a lease that no execution of it holds any more."""
+        return [
+            f"{worker.process.name} renews the lease of batch {lease.batch_id}, held by no execution of it"
+            for worker in self._fleet.workers
+            if not worker.process.dead
+            for lease in worker.unaccounted_leases()
+        ]
 
     def _batches(self, blobs: list[bytes]) -> list[str]:
         holder: dict[str, str] = {}

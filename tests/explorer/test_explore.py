@@ -20,6 +20,7 @@ import redis
 from producer import enqueue
 from tests.explorer.explorer import explore
 from tests.explorer.fleet import InlineExecutor, NoRenewer
+from workers.recovery import seat
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +51,8 @@ def test_no_explored_schedule_loses_duplicates_or_strands_a_prompt(
 ) -> None:
     monkeypatch.setattr(enqueue, "ThreadPoolExecutor", InlineExecutor)
     monkeypatch.setattr(enqueue, "PeriodicThread", NoRenewer)
+    monkeypatch.setattr(seat, "PeriodicThread", NoRenewer)  # a seat's keeper turns when the schedule says
+    monkeypatch.setattr(seat, "RECONNECT_BACKOFF_CAP_S", 0.0)  # its reconnects wait on no real clock
     schedules = SCHEDULES
     first = first_seed(os.environ)
     print(f"exploring {schedules} schedules from seed {first}")

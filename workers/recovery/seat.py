@@ -129,6 +129,11 @@ class Seat:
         self._taken = False
         self._keeper = PeriodicThread("draftgen-seat", SEAT_CHECK_S, self.check)
 
+    @property
+    def taken(self) -> bool:
+        """Whether this process holds the seat (its keeper stamps it) until it releases it."""
+        return self._taken
+
     def take(self) -> TakenSeat:
         """Hold the seat, once its holder (if any) is gone; raise SeatHeld when a live process holds it,
         SeatRefused when this process's Redis user may not hold it."""
@@ -201,6 +206,8 @@ class Seat:
         current = raw.decode() if raw is not None else ""
         view = self._view_server(pipe)
         watched_s = self._clock() - watched_since if current == watched else 0.0
+        if view.up_s is not None:  # a watch counts only what this server saw: not across its restart
+            watched_s = min(watched_s, view.up_s)
         if not current and not _up_long_enough(view, watched_s):
             return False, current, False  # a seat this Redis lost with its last writes looks free
         if current and current != self.token:
