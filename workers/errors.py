@@ -14,7 +14,8 @@ WorkerError
     ├── InvalidRunName      a run name that is not a safe key and path segment
     ├── InvalidSetting      an unknown `DRAFTGEN_*` variable, or a value its setting cannot take
     ├── UnsafeKey           an object key that would name a file outside its folder
-    └── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+    ├── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+    └── MalformedMessage    a queue item that is not one of draftgen's messages: parked, never delivered
 
 Only this module is imported by those who catch them, so catching needs neither boto3 nor Celery.
 """
@@ -91,3 +92,13 @@ class UnsafeKey(Refused):
 
 class UnsupportedStoreUrl(Refused):
     """The output URL is neither file:// nor s3://."""
+
+
+class MalformedMessage(Refused):
+    """A queue item, broadcast or event that is not one of draftgen's messages
+    (workers/state/message_check.py): `reason` is one word to count it by, `detail` says what is wrong."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
