@@ -34,7 +34,7 @@ from producer.enqueue import Enqueuer
 from tests.support import prompt_files
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
-from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, start_redis_head
+from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, redis_head_running
 from tests.support.stack import simulators
 from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 from workers.errors import SeatRefused
@@ -73,10 +73,8 @@ HEARTBEAT_TTL_S = 30
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
-    root = tmp_path_factory.mktemp("redis-head")
-    head = start_redis_head(root, root)
-    yield head
-    head.stop()
+    with redis_head_running(tmp_path_factory.mktemp("redis-head")) as head:
+        yield head
 
 
 @pytest.fixture(scope="module")
