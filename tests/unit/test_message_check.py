@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from celery.exceptions import Retry
+from celery.worker.request import Request
+from kombu import Queue
 
 from tests.support.malformed_messages import (
     IN_MEMORY,
@@ -33,7 +36,7 @@ from workers.state.message_check import (
     read_unacked_entry,
     why_malformed,
 )
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 RUN, BATCH = "run-1", "0123456789abcdef"
 TASK_ID = "0f0f0f0f-0000-4000-8000-000000000000"
@@ -58,13 +61,28 @@ def test_every_message_draftgen_sends_is_well_formed() -> None:
     assert why_malformed(popped(sender, UPLOAD_QUEUE), UPLOAD_QUEUE) is None
 
 
-def test_a_message_retried_by_its_task_is_well_formed() -> None:
+@pytest.fixture
+def generating() -> Iterator[Any]:
+    """An app whose generate task runs as a worker runs it, on a message as enqueue sends it."""
     app = make_app(WorkerSettings(redis_url=IN_MEMORY))
+    CeleryDispatcher(app).generate(RUN, BATCH)
     task = app.tasks[GENERATE_TASK]
-    task.push_request(id=TASK_ID, args=[RUN, BATCH], kwargs={}, retries=0, called_directly=False)
+    with app.connection_for_write() as connection:
+        delivered = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=True)
+    task.push_request(**Request(delivered, app=app)._request_dict, called_directly=False)
+    yield app
+    task.pop_request()
+
+
+def test_a_message_retried_by_its_task_in_a_worker_is_well_formed(generating: Any) -> None:
     with pytest.raises(Retry):
-        task.retry(countdown=5)
-    assert why_malformed(popped(app, GENERATE_QUEUE), GENERATE_QUEUE) is None
+        generating.tasks[GENERATE_TASK].retry(countdown=5)
+    assert why_malformed(popped(generating, GENERATE_QUEUE), GENERATE_QUEUE) is None
+
+
+def test_a_flush_sent_by_a_generate_task_in_a_worker_is_well_formed(generating: Any) -> None:
+    generating.tasks[FLUSH_TASK].apply_async(args=[RUN])
+    assert why_malformed(popped(generating, UPLOAD_QUEUE), UPLOAD_QUEUE) is None
 
 
 def test_a_well_formed_item_is_returned_decoded(item: bytes) -> None:
@@ -224,6 +242,14 @@ def test_a_broadcast_or_an_event_is_judged_as_a_message_not_as_a_task(item: byte
     heard = replaced(with_body(item, question), headers={"clock": 1, "expires": 1.0})
     assert why_malformed(heard, BROADCAST) is None
     assert why_malformed(heard, EVENTS) is None
+
+
+def test_task_events_come_in_batches_and_a_batch_is_a_list_of_events(item: bytes) -> None:
+    events = [{"type": "task-received", "hostname": "gen0-0@node-a"}, {"type": "task-started"}]
+    assert why_malformed(with_body(item, events), EVENTS) is None
+    for body, queue in (([1, 2], EVENTS), (events, BROADCAST)):
+        malformed = why_malformed(with_body(item, body), queue)
+        assert malformed is not None and malformed.reason == Malformation.NOT_AN_OBJECT
 
 
 def test_an_unacknowledged_entry_must_be_a_task_message_routed_to_its_queue(item: bytes) -> None:

@@ -10,7 +10,8 @@ everything kombu and Celery read of it is checked to be what draftgen's own send
 Every item (tasks, remote-control broadcasts and replies, events): at most MAX_MESSAGE_BYTES; a JSON
 object whose `properties` hold a string `delivery_tag`, `body_encoding` base64 and a `delivery_info`
 object; JSON content in UTF-8; `headers` an object without `compression` (a compressed body could be a
-bomb); `body` the base64 of JSON. A broadcast, reply or event body is a JSON object.
+bomb); `body` the base64 of JSON. A broadcast, reply or event body is a JSON object (task events come in
+batches: a list of objects).
 
 A task (the `generate` and `upload` queues): only the fields, headers and properties Celery 5.7 writes,
 each of its type, with no expiry (an expired task id is revoked in the worker: a copy of a queued task
@@ -34,7 +35,7 @@ from typing import Any
 
 from workers.errors import InvalidRunName, MalformedMessage
 from workers.state.keys import check_run_name
-from workers.state.queues import FLUSH_TASK, GENERATE_TASK, TASK_OF_QUEUE
+from workers.state.queues import EVENT_QUEUE_PREFIX, FLUSH_TASK, GENERATE_TASK, TASK_OF_QUEUE
 
 # Our own messages are a few hundred bytes; the largest legitimate item is a reply to
 # `celery inspect conf --include-defaults`, about 15 KB. Checked before anything is decoded.
@@ -115,8 +116,7 @@ def check_envelope(envelope: object, queue: str) -> dict[str, Any]:
         raise _malformed(Malformation.BAD_HEADERS, "a compressed body: draftgen compresses no message")
     body = _body(envelope.get("body"))
     if task is None:
-        if not isinstance(body, dict):
-            raise _malformed(Malformation.NOT_AN_OBJECT, f"the body is a JSON {type(body).__name__}")
+        _check_message_body(body, queue)
         return envelope
     if extra := set(envelope) - ENVELOPE_FIELDS:
         raise _malformed(Malformation.BAD_ENVELOPE, f"fields Celery does not write: {sorted(extra)}")
@@ -161,6 +161,13 @@ def _body(body: object) -> Any:
     except (binascii.Error, ValueError) as error:
         raise _malformed(Malformation.BODY_NOT_BASE64, str(error)) from error
     return _json(decoded, Malformation.BODY_NOT_JSON)
+
+
+def _check_message_body(body: Any, queue: str) -> None:
+    """A broadcast's, a reply's or an event's: a JSON object; a worker sends task events in batches, lists."""
+    batch = body if isinstance(body, list) and queue.startswith(EVENT_QUEUE_PREFIX) else [body]
+    if not all(isinstance(one, dict) for one in batch):
+        raise _malformed(Malformation.NOT_AN_OBJECT, f"the body is {_show(body)}, not a JSON object")
 
 
 def _check_task_headers(headers: dict[str, Any], task: str, queue: str) -> None:
@@ -272,6 +279,7 @@ _PROPERTIES: Mapping[str, Callable[[object], bool]] = {
     "delivery_mode": _count,
     "correlation_id": _optional(_string),
     "reply_to": _optional(_string),
+    "origin": _optional(_any_text),  # a retry's: Celery passes the request's origin on as a property
 }
 _REQUIRED_PROPERTIES = ("delivery_tag", "body_encoding", "delivery_info")
 # What Celery 5.7 writes in a task message's headers (celery.app.amqp.AMQP.as_task_v2), and what draftgen

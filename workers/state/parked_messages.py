@@ -21,7 +21,7 @@ from inference.records import Record
 from workers.errors import MalformedMessage
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY
 from workers.state.message_check import Malformation
-from workers.state.queues import QUEUES
+from workers.state.queues import EVENT_QUEUE_PREFIX, QUEUES
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def queue_family(queue: str) -> str:
         return REPLY_FAMILY
     if queue.endswith("." + BROADCAST_FAMILY):
         return BROADCAST_FAMILY
-    if queue.startswith(EVENT_FAMILY + "."):
+    if queue.startswith(EVENT_QUEUE_PREFIX):
         return EVENT_FAMILY
     return OTHER_FAMILY
 
