@@ -111,6 +111,7 @@ def stack(head: RedisHead, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             tmp_path_factory.mktemp("logs"),
             sims,
             extra_env={"DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": RESTORE_INTERVAL_S},
+            malformed_sent=True,
             worker_url=urls[WORKER],
             worker_host=NODE,
             uploader_url=urls["uploader"],

@@ -92,6 +92,21 @@ def test_a_well_formed_item_is_returned_decoded(item: bytes) -> None:
 MALFORMED: dict[str, tuple[Callable[[bytes], bytes], str, Malformation]] = {
     "not JSON": (lambda _: b"x", GENERATE_QUEUE, Malformation.NOT_JSON),
     "not UTF-8": (lambda _: b"\xff\xfe", GENERATE_QUEUE, Malformation.NOT_JSON),
+    "UTF-16 (JSON that kombu, reading UTF-8, cannot decode)": (
+        lambda raw: raw.decode().encode("utf-16"),
+        GENERATE_QUEUE,
+        Malformation.NOT_JSON,
+    ),
+    "a value kombu would decode as a type": (
+        lambda raw: changed(raw, "headers", clock={"__type__": "uuid", "__value__": TASK_ID}),
+        BROADCAST,
+        Malformation.TYPED_VALUE,
+    ),
+    "delivery info with a field kombu does not write": (
+        lambda raw: changed(raw, "properties", delivery_info={"exchange": "", "routing_key": "x", "y": 1}),
+        GENERATE_QUEUE,
+        Malformation.BAD_ENVELOPE,
+    ),
     "a JSON list": (lambda _: b"[]", UPLOAD_QUEUE, Malformation.NOT_AN_OBJECT),
     "JSON null": (lambda _: b"null", GENERATE_QUEUE, Malformation.NOT_AN_OBJECT),
     "an empty object": (lambda _: b"{}", GENERATE_QUEUE, Malformation.BAD_ENVELOPE),

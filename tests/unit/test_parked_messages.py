@@ -11,15 +11,19 @@ from typing import Any
 
 import pytest
 import redis
+from celery.exceptions import Retry
+from celery.worker.request import Request
 from kombu import Connection, Consumer, Message, Queue
 
+from workers.app import make_app
 from workers.errors import MalformedMessage
+from workers.settings import WorkerSettings
 from workers.state import parked_messages
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.keys import PARKED_MESSAGES_KEY
-from workers.state.message_check import Malformation
+from workers.state.message_check import Malformation, why_malformed
 from workers.state.parked_messages import (
     UNACKED_QUEUE,
     UNREADABLE_RECORD,
@@ -47,6 +51,14 @@ def connection(redis_url: str) -> Iterator[Connection]:
 def send_generate(redis_url: str) -> None:
     app = sending_app(BrokerOptions(redis_url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
     CeleryDispatcher(app).generate(RUN, BATCH)
+
+
+def taken_unacknowledged(connection: Connection, redis_url: str) -> Message:
+    """A generate message as enqueue sends it, taken by a consumer that has not acknowledged it yet."""
+    send_generate(redis_url)
+    delivered = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=False)
+    assert delivered is not None
+    return delivered
 
 
 def a_record(reason: Malformation = Malformation.NOT_JSON) -> parked_messages.ParkedMessage:
@@ -80,9 +92,7 @@ def test_a_malformed_item_taken_by_a_direct_get_is_parked_too(
 def test_an_unreadable_unacked_entry_is_parked_and_does_not_keep_the_others_from_their_queue(
     connection: Connection, redis_client: redis.Redis, redis_url: str
 ) -> None:
-    send_generate(redis_url)
-    delivered = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=False)
-    assert delivered is not None
+    delivered = taken_unacknowledged(connection, redis_url)
     redis_client.hset(KOMBU_UNACKED_KEY, "forged", b"x")
     old = time.time() - LONG_AGO_S
     redis_client.zadd(KOMBU_UNACKED_INDEX_KEY, {"forged": old - 1, delivered.delivery_tag: old})
@@ -148,3 +158,23 @@ def test_a_record_no_worker_wrote_is_listed_as_unreadable(redis_client: redis.Re
     redis_client.lpush(PARKED_MESSAGES_KEY, b"forged")
     [record] = recent_parked(redis_client, limit=5)
     assert record.reason == UNREADABLE_RECORD and record.preview == "forged"
+
+
+def test_a_message_kombu_restored_and_its_task_then_retried_are_well_formed(
+    connection: Connection, redis_client: redis.Redis, redis_url: str
+) -> None:
+    delivered = taken_unacknowledged(connection, redis_url)
+    delivered.requeue()  # given back to its queue as a worker's restore does: marked redelivered
+    restored = redis_client.lindex(GENERATE_QUEUE, 0)
+    assert json.loads(restored)["headers"]["redelivered"] is True
+    assert why_malformed(restored, GENERATE_QUEUE) is None
+    app = make_app(WorkerSettings(redis_url=redis_url))
+    again = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=True)
+    task = app.tasks[GENERATE_TASK]
+    task.push_request(**Request(again, app=app)._request_dict, called_directly=False)
+    try:
+        with pytest.raises(Retry):
+            task.retry(countdown=5)
+    finally:
+        task.pop_request()
+    assert why_malformed(redis_client.lindex(GENERATE_QUEUE, 0), GENERATE_QUEUE) is None

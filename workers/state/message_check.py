@@ -49,6 +49,10 @@ BODY_ENCODING = "base64"
 ENVELOPE_FIELDS = frozenset({"body", "content-encoding", "content-type", "headers", "properties"})
 EMBED_FIELDS = frozenset({"callbacks", "errbacks", "chain", "chord"})  # all None: draftgen chains nothing
 UNACKED_EXCHANGE = ""  # task messages are published to the default exchange, routed by queue name
+DELIVERY_INFO_FIELDS = frozenset({"exchange", "routing_key", "redelivered"})
+# kombu's JSON decodes an object of exactly these keys into a value of that type (or fails on a type it
+# does not know): draftgen sends none, and what the check read must be what kombu will read.
+KOMBU_TYPED_VALUE_KEYS = frozenset({"__type__", "__value__"})
 
 
 class Malformation(StrEnum):
@@ -65,6 +69,7 @@ class Malformation(StrEnum):
     UNKNOWN_TASK = "unknown_task"
     BAD_ARGUMENTS = "bad_arguments"
     BAD_UNACKED_ENTRY = "bad_unacked_entry"
+    TYPED_VALUE = "typed_value"
     CONSUMER_FAILED = "consumer_failed"  # well-formed, yet its consumer raised on it (a broadcast, an event)
 
 
@@ -84,7 +89,7 @@ def why_malformed(raw: bytes, queue: str) -> MalformedMessage | None:
 
 def read_queue_item(raw: bytes, queue: str) -> dict[str, Any]:
     """The envelope of an item of `queue`, checked; MalformedMessage when it is not one of our messages."""
-    return check_envelope(_json(raw, Malformation.NOT_JSON), queue)
+    return _check_envelope(_json(raw, Malformation.NOT_JSON), queue)
 
 
 def read_unacked_entry(raw: bytes) -> tuple[dict[str, Any], str, str]:
@@ -99,10 +104,10 @@ def read_unacked_entry(raw: bytes) -> tuple[dict[str, Any], str, str]:
             Malformation.BAD_UNACKED_ENTRY,
             f"routed by exchange {_show(exchange)} and key {_show(routing_key)}, not to a task queue",
         )
-    return check_envelope(envelope, routing_key), exchange, routing_key
+    return _check_envelope(envelope, routing_key), exchange, routing_key
 
 
-def check_envelope(envelope: object, queue: str) -> dict[str, Any]:
+def _check_envelope(envelope: object, queue: str) -> dict[str, Any]:
     """A decoded envelope, checked as an item of `queue` (a task of that queue, or any other message)."""
     if not isinstance(envelope, dict):
         raise _malformed(Malformation.NOT_AN_OBJECT, f"a JSON {type(envelope).__name__}, not an object")
@@ -129,9 +134,18 @@ def _json(raw: bytes, reason: Malformation) -> Any:
     if len(raw) > MAX_MESSAGE_BYTES:
         raise _malformed(Malformation.OVERSIZED, f"{len(raw)} bytes, over the {MAX_MESSAGE_BYTES} allowed")
     try:
-        return json.loads(raw)
+        return json.loads(raw.decode(CONTENT_ENCODING), object_hook=_plain_object)
+    except MalformedMessage:
+        raise
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         raise _malformed(reason, f"{type(error).__name__}: {error}") from error
+
+
+def _plain_object(value: dict[str, Any]) -> dict[str, Any]:
+    if value.keys() == KOMBU_TYPED_VALUE_KEYS:
+        kind = _show(value["__type__"])
+        raise _malformed(Malformation.TYPED_VALUE, f"a value kombu would decode as a {kind}")
+    return value
 
 
 def _check_properties(properties: object, *, strict: bool) -> None:
@@ -261,6 +275,7 @@ def _time(value: object) -> bool:
 def _delivery_info(value: object) -> bool:
     return (
         isinstance(value, dict)
+        and value.keys() <= DELIVERY_INFO_FIELDS
         and isinstance(value.get("exchange"), str)
         and isinstance(value.get("routing_key"), str)
         and isinstance(value.get("redelivered", False), bool)
@@ -282,8 +297,8 @@ _PROPERTIES: Mapping[str, Callable[[object], bool]] = {
     "origin": _optional(_any_text),  # a retry's: Celery passes the request's origin on as a property
 }
 _REQUIRED_PROPERTIES = ("delivery_tag", "body_encoding", "delivery_info")
-# What Celery 5.7 writes in a task message's headers (celery.app.amqp.AMQP.as_task_v2), and what draftgen
-# puts there: no expiry, no time limits, no group, no stamps.
+# What Celery 5.7 writes in a task message's headers (celery.app.amqp.AMQP.as_task_v2) and kombu adds when
+# it restores one, and what draftgen puts there: no expiry, no time limits, no group, no stamps.
 _TASK_HEADERS: Mapping[str, Callable[[object], bool]] = {
     "lang": lambda value: value == "py",
     "task": _any_text,
@@ -304,6 +319,7 @@ _TASK_HEADERS: Mapping[str, Callable[[object], bool]] = {
     "replaced_task_nesting": _count,
     "stamped_headers": lambda value: value is None or value == [],
     "stamps": lambda value: value == {},
+    "redelivered": lambda value: isinstance(value, bool),  # kombu's, on a message it restored
 }
 _REQUIRED_HEADERS = ("id", "task")
 _ARGUMENT_CHECKS: Mapping[str, Callable[[list[Any]], None]] = {
