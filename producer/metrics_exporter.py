@@ -31,6 +31,7 @@ from producer.status.gather import gather_status, queue_depths
 from producer.status.model import RunStatus
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RUNS_KEY, RunKeys, check_run_name
+from workers.state.parked_messages import parked_counts
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,
@@ -171,6 +172,13 @@ def add_fleet(families: _Families, client: redis.Redis) -> None:
     for depth in queue_depths(client):
         waiting.add_metric([depth.queue], depth.waiting)
         in_flight.add_metric([depth.queue], depth.in_flight)
+    parked = families.counter(
+        "parked_messages",
+        "Malformed messages parked instead of delivered, by queue and reason.",
+        ["queue", "reason"],
+    )
+    for count in parked_counts(client):
+        parked.add_metric([count.queue, count.reason], count.count)
     now = time.time()
     gpu_families = {
         "in_flight": families.gauge("gpu_in_flight_requests", "Requests at the GPU's server.", ["gpu"]),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import getpass
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,16 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
     process.wait_for_log("Ready to accept connections")
     users = [*ROLES, *(node_user(host) for host in GPU_NODES)]
     return RedisHead(process, {user: url_in_env_file(etc / f"redis-{user}.env") for user in users})
+
+
+@contextmanager
+def redis_head_running(root: Path) -> Iterator[RedisHead]:
+    """`start_redis_head`, stopped when the block ends (a module fixture's yield)."""
+    head = start_redis_head(root, root)
+    try:
+        yield head
+    finally:
+        head.stop()
 
 
 @dataclass

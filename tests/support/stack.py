@@ -20,6 +20,7 @@ from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.parked_messages import parked_counts, recent_parked
 from workers.state.runs import decode_run_settings
 
 FAST_WORKER_ENV = {
@@ -41,6 +42,7 @@ class Stack:
     generators: list[ManagedProcess] = field(default_factory=list)
     uploader: ManagedProcess | None = None
     uploads_started: int = 0
+    malformed_sent: bool = False  # a test that pushes malformed messages expects some parked
 
     def env(self, **extra: str) -> dict[str, str]:
         return worker_env(self.redis_url, {**FAST_WORKER_ENV, **self.extra_env, **extra})
@@ -99,6 +101,14 @@ class Stack:
                 for p in [*self.generators, *([self.uploader] if self.uploader else [])]
             )
             raise AssertionError(f"{error}: {ledger.counts()}\n{logs}") from error
+        self.assert_none_of_ours_parked()
+
+    def assert_none_of_ours_parked(self) -> None:
+        """draftgen's own messages are never parked: a check too strict would park them, and the reconciler
+        would hide it (it dispatches a batch whose message is gone again, a minute later)."""
+        client = redis.Redis.from_url(self.redis_url)
+        if not self.malformed_sent and parked_counts(client):
+            raise AssertionError(f"messages parked as malformed: {recent_parked(client, limit=5)}")
 
     def verify(self, run: str) -> subprocess.CompletedProcess[str]:
         return self.producer("verify", "--run", run)
