@@ -230,6 +230,8 @@ class Explorer:
             (FAULT / 2, "duplicate a message", partial(self._fault, "duplicated", fleet.duplicate_a_message)),
             (FAULT / 2, "lose a message", partial(self._fault, "lost", fleet.lose_a_message)),
             (FAULT / 4, "visibility timeout", partial(self._fault, "restored", fleet.restore_unacked)),
+            (FAULT / 3, "a malformed message", partial(self._fault, "malformed", fleet.push_malformed)),
+            (FAULT / 3, "a forged staged record", partial(self._fault, "forged", fleet.forge_a_record)),
         ]
         return options + self._redis_and_seat_faults()
 

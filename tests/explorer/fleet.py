@@ -23,12 +23,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 import json
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,6 +44,17 @@ from producer.enqueue_processes import dealt
 from producer.errors import EnqueueBusy
 from producer.recover import write_run_settings
 from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler, Step, current_step
+from tests.support.malformed_messages import (
+    NO_CHAIN,
+    changed,
+    encoded,
+    envelope_of,
+    generate_item,
+    replaced,
+    with_body,
+    with_call,
+    without_property,
+)
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
 from workers.context import WorkerContext
@@ -57,9 +70,12 @@ from workers.recovery.reconciler import RECONCILER_LOCK_KEY, Reconciler, Reconci
 from workers.recovery.seat import Seat, TakenSeat
 from workers.recovery.seat_stamp import MICROSECONDS_PER_S, ServerView, decode_stamp, encode_stamp
 from workers.settings import WorkerSettings
+from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
+from workers.state.message_check import why_malformed
+from workers.state.parked_messages import park, parked_message
 from workers.state.protocol import LIBRARY
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.state.runs import RunSettings
 
 RUN = "explored"
@@ -171,24 +187,42 @@ class Delivery:
 
 
 class Bus:
-    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients."""
+    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients. Messages
+    are as enqueue and the reconciler send them (a real one, with another call and eta); what a worker pops
+    is checked as its transport checks it (workers/state/message_check.py), and a malformed item is parked,
+    never delivered."""
 
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
         self._tags = 0
+        self.sent: set[bytes] = set()  # every message of draftgen's own, as published
+        self.parked_ours: list[str] = []  # messages of draftgen's own that were parked (a violation)
 
-    def envelope(self, run: str, batch_id: str, eta_s: float) -> str:
-        body = base64.b64encode(json.dumps([[run, batch_id], {}, {}]).encode()).decode()
-        headers = {"task": GENERATE_TASK, "id": f"{batch_id}@{eta_s}", "eta": eta_s}
-        return json.dumps({"body": body, "headers": headers, "properties": {"body_encoding": "base64"}})
+    def envelope(self, run: str, batch_id: str, eta_s: float) -> bytes:
+        self._tags += 1
+        real = envelope_of(real_generate_item())
+        real["body"] = base64.b64encode(json.dumps([[run, batch_id], {}, NO_CHAIN]).encode()).decode()
+        eta = datetime.fromtimestamp(eta_s, UTC).isoformat()
+        real["headers"].update(id=f"{batch_id}-{self._tags}", eta=eta)
+        real["properties"]["delivery_tag"] = f"tag-{self._tags}"
+        return encoded(real)
 
     def publish(self, client: redis.Redis, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        client.lpush(GENERATE_QUEUE, self.envelope(run, batch_id, self._clock.now_s + countdown_s))
+        message = self.envelope(run, batch_id, self._clock.now_s + countdown_s)
+        self.sent.add(message)
+        client.lpush(GENERATE_QUEUE, message)
 
     def fetch(self, client: redis.Redis) -> Delivery | None:
-        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls)."""
+        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls); a
+        malformed one is parked instead."""
         raw = client.rpop(GENERATE_QUEUE)
         if raw is None:
+            return None
+        malformed = why_malformed(raw, GENERATE_QUEUE)
+        if malformed is not None:
+            park(client, parked_message(raw, GENERATE_QUEUE, malformed, at=self._clock.now_s))
+            if raw in self.sent:
+                self.parked_ours.append(f"a message of draftgen's own was parked: {malformed}")
             return None
         self._tags += 1
         tag = f"tag-{self._tags}"
@@ -196,13 +230,39 @@ class Bus:
         client.hset(KOMBU_UNACKED_KEY, tag, json.dumps([message, "", GENERATE_QUEUE]))
         client.zadd(KOMBU_UNACKED_INDEX_KEY, {tag: self._clock.now_s})
         (run, batch_id), _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=float(message["headers"]["eta"]))
+        eta_s = datetime.fromisoformat(message["headers"]["eta"]).timestamp()
+        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=eta_s)
 
     def ack(self, client: redis.Redis, delivery: Delivery) -> None:
         with client.pipeline(transaction=False) as pipe:
             pipe.hdel(KOMBU_UNACKED_KEY, delivery.tag)
             pipe.zrem(KOMBU_UNACKED_INDEX_KEY, delivery.tag)
             pipe.execute()
+
+
+@functools.cache
+def real_generate_item() -> bytes:
+    """A generate message exactly as Celery writes it (built once, in memory): each one published is a
+    copy with its own call, id and eta."""
+    return generate_item(RUN, "0" * 16)
+
+
+def malformed_items(real: bytes) -> list[bytes]:
+    """What a buggy producer, a truncated write or a node's password could push onto the generate queue."""
+    return [
+        b"x",
+        b"[]",
+        real[: len(real) // 2],
+        replaced(real, body="not base64!"),
+        with_body(real, {}),
+        with_call(real, [RUN]),
+        with_call(real, [RUN, ["not", "a", "batch id"]]),
+        with_call(real, ["../not a run", "0" * 16]),
+        changed(real, "headers", task="draftgen.unknown"),
+        changed(real, "properties", delivery_tag=[1]),
+        without_property(real, "delivery_tag"),
+        b"{" * 40_000,
+    ]
 
 
 @dataclass
@@ -639,6 +699,7 @@ class Fleet:
         self.snapshots: list[Snapshot] = []
         self.server_epoch = 0  # which Redis server the real one stands for: a rollback starts another
         self.server_up_since_s = self.clock.now_s - SERVER_UP_BEFORE_S
+        self.forged: set[str] = set()  # staged fields a forger wrote
         self.seat_losses: list[str] = []  # live workers told their seat was taken
         self.seat_violations: list[str] = []  # seats taken from a live holder
         self.twins: list[Twin] = []
@@ -837,6 +898,29 @@ class Fleet:
         # a snapshot is taken before its action runs: what that action did is lost with the rest
         self.gone_leases = {o: at for o, at in self.gone_leases.items() if at < snapshot.at_action}
         self.snapshots = [s for s in self.snapshots if s.at_action < snapshot.at_action]
+
+    def push_malformed(self) -> bool:
+        """A node's password (or a buggy producer) pushes an item that is not one of draftgen's messages."""
+        self.admin.lpush(GENERATE_QUEUE, self.rng.choice(malformed_items(real_generate_item())))
+        return True
+
+    def forge_a_record(self) -> bool:
+        """A node's password writes the hand-over keys directly (HSETNX on staged, ZADD on its index, as its
+        ACL allows): bytes that are no record, another prompt's completion, or one of an id never enqueued."""
+        keys = RunKeys(RUN)
+        under, other = self.rng.sample([one.id for one in self.prompts], 2)  # a record of its own id, whole,
+        field, blob = self.rng.choice(  # is a lie no reader can tell: a node may always write wrong answers
+            [
+                (under, b"\x28\xb5\x2f\xfd not a whole frame"),
+                (under, encode_blob(completion(other))),
+                ("never-enqueued", encode_blob(completion("never-enqueued"))),
+            ]
+        )
+        if not self.admin.hsetnx(keys.staged, field, blob):
+            return False
+        self.forged.add(field)
+        self.admin.zadd(keys.staged_index, {field: self.clock.now_s}, nx=True)
+        return True
 
     def duplicate_a_message(self) -> bool:
         waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)

@@ -12,10 +12,12 @@ After every step:
   worker started on a live GPU label, a worker restarted after a kill, around Redis dropping every
   subscription and losing its last writes);
 - no live worker renews a lease that no execution of it holds any more (a batch that ended in any way,
-  the function library missing included, gave its lease back).
-At the end, once faults have stopped and the fleet has worked on: the output alone (no Redis) holds
-every input prompt exactly once, committed or dead-lettered, every committed conversation holds all its
-turns in order, no turns are kept any more, and `status` says `finished`.
+  the function library missing included, gave its lease back);
+- no message of draftgen's own is parked as malformed.
+At the end, once faults have stopped and the fleet has worked on: no malformed message is left queued
+(each was parked, or lost with the rest); the output alone (no Redis) holds every input prompt exactly
+once, committed or dead-lettered, and no id the input lacks (a forged staged record's); every committed
+conversation holds all its turns in order, no turns are kept any more, and `status` says `finished`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.message_check import why_malformed
+from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 
 # The stored batches (open, and finished ones' kept bodies), the lease holders, and the prompts a kept
@@ -90,12 +94,23 @@ class Invariants:
             *self._revived_leases(dict(zip(holders[::2], holders[1::2], strict=True))),
             *self._output(),
             *self._status(),
-            *(f"conversation {raw.decode()} is settled and still has turns kept" for raw in settled_but_kept),
+            *(
+                f"conversation {raw.decode()} is settled and still has turns kept"
+                for raw in settled_but_kept
+                if raw.decode() not in self._fleet.forged  # a forger writes staged, and no turns go
+            ),
             *(f"prompt {raw.decode()} is unsettled in a finished batch" for raw in finished_unsettled),
             *self._seats(),
             *self._leaked_leases(),
+            *self._parked(),
         ]
-        self.checked += 8
+        self.checked += 9
+        return found
+
+    def _parked(self) -> list[str]:
+        """No message of draftgen's own is parked."""
+        found = list(self._fleet.bus.parked_ours)
+        self._fleet.bus.parked_ours.clear()
         return found
 
     def _seats(self) -> list[str]:
@@ -181,7 +196,14 @@ class Invariants:
         lacking = sorted(wanted - set(held))
         if lacking:
             found.append(f"the output lacks input prompts {lacking}")
+        foreign = sorted(set(held) - wanted)
+        if foreign:
+            found.append(f"the output holds ids the input lacks: {foreign}")
         found += self._conversations()
+        queued = self._fleet.admin.lrange(GENERATE_QUEUE, 0, -1)
+        left = [raw for raw in queued if why_malformed(raw, GENERATE_QUEUE)]
+        if left:
+            found.append(f"{len(left)} malformed messages were never taken off the queue")
         if self._fleet.admin.hlen(self._keys.turns):
             found.append(f"turns are still kept of {self._fleet.admin.hkeys(self._keys.turns)}")
         if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:

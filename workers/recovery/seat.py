@@ -238,7 +238,10 @@ class Seat:
             if self._pubsub is None:
                 return
             self._pubsub.get_message(timeout=0)
-        if holder is not None and holder.decode() != self.token and not self._lost:
+        # another process's token, and it listens: a live process holds the seat (one that does not listen
+        # is dead: the seat is taken again at the next check)
+        another = holder is not None and holder.decode() != self.token
+        if another and not self._lost and not self._given_back(holder):
             self._lost = True
             self._on_lost(
                 f"{self.label}'s seat was taken by another worker ({holder.decode()[:8]}) while this one "
