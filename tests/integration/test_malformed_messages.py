@@ -7,7 +7,6 @@ nowhere, and the answers to questions hold no password."""
 
 from __future__ import annotations
 
-import base64
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,13 +22,10 @@ from producer.enqueue import Enqueuer, pin_settings
 from producer.recover import write_run_settings
 from tests.support import prompt_files
 from tests.support.malformed_messages import (
-    changed,
     flush_item,
     generate_item,
-    replaced,
-    with_body,
-    with_call,
-    without_property,
+    malformed_generate_items,
+    malformed_upload_items,
 )
 from tests.support.records import prompt
 from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, redis_head_running
@@ -39,7 +35,6 @@ from workers.record.storage import open_store
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY, RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.message_check import MAX_MESSAGE_BYTES
 from workers.state.parked_messages import park, parked_counts, parked_message, recent_parked
 from workers.state.queues import (
     GENERATE_QUEUE,
@@ -68,30 +63,8 @@ WORKERS = 2  # the generate worker and the uploader
 SUBSCRIBERS = WORKERS  # each parks what it hears; Flower drops it
 REFUSED_QUESTIONS = ("objgraph", "memsample", "memdump")
 ITEM = generate_item(RUN, BATCH)
-# (what is pushed, the reason it is parked with): each is popped once, by the one consumer of its queue
-ON_GENERATE = [
-    (b"x", "not_json"),
-    (b"[]", "not_an_object"),
-    (without_property(ITEM, "delivery_tag"), "bad_envelope"),
-    (without_property(ITEM, "body_encoding"), "bad_envelope"),
-    (replaced(ITEM, body="!!not base64"), "body_not_base64"),
-    (replaced(ITEM, body=base64.b64encode(b"xx").decode()), "body_not_json"),
-    (with_body(ITEM, {}), "not_a_task_call"),
-    (changed(ITEM, "headers", task="nope"), "unknown_task"),
-    (with_call(ITEM, [RUN]), "bad_arguments"),
-    (with_call(ITEM, [5, BATCH]), "bad_arguments"),
-    (with_call(ITEM, ["../etc", BATCH]), "bad_arguments"),
-    (with_call(ITEM, [RUN, [1]]), "bad_arguments"),
-    (changed(ITEM, "headers", timelimit=5), "bad_headers"),
-    (changed(ITEM, "headers", id=QUEUED_TASK_ID, expires="2000-01-01T00:00:00+00:00"), "bad_headers"),
-    (changed(ITEM, "headers", argsrepr="x" * MAX_MESSAGE_BYTES), "oversized"),
-]
-ON_UPLOAD = [
-    (b"[]", "not_an_object"),
-    (b"x", "not_json"),
-    (ITEM, "unknown_task"),  # a generate task on the uploader's queue
-    (with_call(flush_item(RUN), [5]), "bad_arguments"),
-]
+ON_GENERATE = malformed_generate_items(ITEM, expired_task_id=QUEUED_TASK_ID)
+ON_UPLOAD = malformed_upload_items(ITEM, flush_item(RUN))
 HEARD = [(BROADCAST_CHANNEL, b"[]", "celery.pidbox"), (EVENT_CHANNEL, b"5", "celeryev")]
 
 

@@ -30,7 +30,7 @@ from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import describe, verify_run
 from tests.support.instant_worker import InstantWorker
-from tests.support.records import completion, prompt
+from tests.support.records import completion, prompt, zstd_bomb
 from tests.support.redis_head import GPU_NODES, RedisHead, node_user
 from workers.errors import RecordTooLarge, RetryLater
 from workers.record.manifest import QUARANTINE_PREFIX, SERVERS_PREFIX
@@ -51,7 +51,6 @@ pytestmark = pytest.mark.integration
 
 WORKER = node_user(GPU_NODES[0])
 BOMB_INFLATES_TO_BYTES = 4 * RECORD_LIMIT_BYTES  # a few KB stored
-BOMB_CHUNK_BYTES = 1 << 20
 # What a flush may hold while it refuses a bomb: the decompressor's output (the ceiling and a byte)
 # and its growth, never what the bomb asks for.
 FLUSH_PEAK_BYTES_MOST = 3 * RECORD_LIMIT_BYTES
@@ -151,13 +150,7 @@ def test_an_undecodable_staged_record_is_quarantined_and_the_rest_of_the_run_com
 
 def test_decompression_bombs_are_refused_at_the_record_limit_and_quarantined(world: World) -> None:
     (batch,) = world.enqueue(["p0", "p1", "p2", "p3"])
-    compressor = zstd.ZstdCompressor(level=3)  # streamed: its frame declares no size
-    chunks = [compressor.compress(b'{"prompt_id":"p1","content":"')]
-    chunks += [
-        compressor.compress(b"a" * BOMB_CHUNK_BYTES)
-        for _ in range(BOMB_INFLATES_TO_BYTES // BOMB_CHUNK_BYTES)
-    ]
-    bomb = b"".join(chunks) + compressor.flush()
+    bomb = zstd_bomb("p1", inflates_to_bytes=BOMB_INFLATES_TO_BYTES)
     for field in ("p1", "p2", "p3"):
         world.forge_staged(field, bomb)
     world.worker.generate(batch)

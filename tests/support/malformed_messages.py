@@ -9,6 +9,7 @@ from typing import Any
 
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.dispatch import CeleryDispatcher
+from workers.state.message_check import MAX_MESSAGE_BYTES
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
 
 IN_MEMORY = "memory://"  # kombu's in-process broker: real envelopes, no Redis
@@ -75,3 +76,36 @@ def without_property(raw: bytes, name: str) -> bytes:
     envelope = envelope_of(raw)
     del envelope["properties"][name]
     return encoded(envelope)
+
+
+def malformed_generate_items(item: bytes, *, expired_task_id: str) -> list[tuple[bytes, str]]:
+    """Every kind of malformed item on the generate queue, made from a real one, with the reason each is
+    parked for; the expired copy carries `expired_task_id` (a queued task's, whose revocation it seeks)."""
+    run, batch_id = json.loads(base64.b64decode(envelope_of(item)["body"]))[0]
+    return [
+        (b"x", "not_json"),
+        (b"[]", "not_an_object"),
+        (without_property(item, "delivery_tag"), "bad_envelope"),
+        (without_property(item, "body_encoding"), "bad_envelope"),
+        (replaced(item, body="!!not base64"), "body_not_base64"),
+        (replaced(item, body=base64.b64encode(b"xx").decode()), "body_not_json"),
+        (with_body(item, {}), "not_a_task_call"),
+        (changed(item, "headers", task="nope"), "unknown_task"),
+        (with_call(item, [run]), "bad_arguments"),
+        (with_call(item, [5, batch_id]), "bad_arguments"),
+        (with_call(item, ["../etc", batch_id]), "bad_arguments"),
+        (with_call(item, [run, [1]]), "bad_arguments"),
+        (changed(item, "headers", timelimit=5), "bad_headers"),
+        (changed(item, "headers", id=expired_task_id, expires="2000-01-01T00:00:00+00:00"), "bad_headers"),
+        (changed(item, "headers", argsrepr="x" * MAX_MESSAGE_BYTES), "oversized"),
+    ]
+
+
+def malformed_upload_items(generate: bytes, flush: bytes) -> list[tuple[bytes, str]]:
+    """Every kind of malformed item on the upload queue, with the reason each is parked for."""
+    return [
+        (b"[]", "not_an_object"),
+        (b"x", "not_json"),
+        (generate, "unknown_task"),  # a generate task on the uploader's queue
+        (with_call(flush, [5]), "bad_arguments"),
+    ]

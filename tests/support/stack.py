@@ -43,9 +43,11 @@ class Stack:
     uploader: ManagedProcess | None = None
     uploads_started: int = 0
     malformed_sent: bool = False  # a test that pushes malformed messages expects some parked
+    fast: bool = True  # FAST_WORKER_ENV; False: the workers run with the README's defaults
 
     def env(self, **extra: str) -> dict[str, str]:
-        return worker_env(self.redis_url, {**FAST_WORKER_ENV, **self.extra_env, **extra})
+        fast = FAST_WORKER_ENV if self.fast else {}
+        return worker_env(self.redis_url, {**fast, **self.extra_env, **extra})
 
     def start_generator(self, gpu: int) -> ManagedProcess:
         sim = self.sims[gpu]
