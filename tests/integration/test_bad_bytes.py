@@ -27,7 +27,14 @@ from tests.support.malformed_messages import (
     malformed_upload_items,
 )
 from tests.support.records import completion, zstd_bomb
-from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, redis_head_running
+from tests.support.redis_head import (
+    GPU_NODES,
+    RedisHead,
+    RoleStack,
+    node_stack_running,
+    node_user,
+    redis_head_running,
+)
 from tests.support.stack import simulators_running
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.codec import encode_blob
@@ -62,22 +69,11 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
 def fleet(head: RedisHead, log_dir: Path) -> Iterator[RoleStack]:
     """Two generate workers (as GPU node `node-a`) and the uploader, each as its own Redis user, with the
     README's defaults: no worker setting is changed."""
-    urls = head.urls
-    with simulators_running(GPUS, speedup=SPEEDUP) as sims:
-        stack = RoleStack(
-            urls["producer"],
-            log_dir,
-            sims,
-            malformed_sent=True,
-            fast=False,
-            worker_url=urls[WORKER],
-            worker_host=NODE,
-            uploader_url=urls["uploader"],
-        )
-        try:
-            yield stack.start()
-        finally:
-            stack.stop()
+    with (
+        simulators_running(GPUS, speedup=SPEEDUP) as sims,
+        node_stack_running(head, log_dir, sims, malformed_sent=True, fast=False) as stack,
+    ):
+        yield stack
 
 
 def not_yet_staged(client: redis.Redis, ids: list[str]) -> list[str]:

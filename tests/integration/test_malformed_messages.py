@@ -28,7 +28,14 @@ from tests.support.malformed_messages import (
     malformed_upload_items,
 )
 from tests.support.records import prompt
-from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, redis_head_running
+from tests.support.redis_head import (
+    GPU_NODES,
+    RedisHead,
+    RoleStack,
+    node_stack_running,
+    node_user,
+    redis_head_running,
+)
 from tests.support.stack import simulators_running
 from workers.errors import MalformedMessage
 from workers.record.storage import open_store
@@ -77,22 +84,11 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
 @pytest.fixture(scope="module")
 def stack(head: RedisHead, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoleStack]:
     """One generate worker (as this node's user) and the uploader, with mingle and gossip as under systemd."""
-    urls = head.urls
+    restore_soon = {"DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": RESTORE_INTERVAL_S}
     with simulators_running(1, speedup=SPEEDUP) as sims:
-        stack = RoleStack(
-            urls["producer"],
-            tmp_path_factory.mktemp("logs"),
-            sims,
-            extra_env={"DRAFTGEN_UNACKED_RESTORE_INTERVAL_S": RESTORE_INTERVAL_S},
-            malformed_sent=True,
-            worker_url=urls[WORKER],
-            worker_host=NODE,
-            uploader_url=urls["uploader"],
-        )
-        try:
-            yield stack.start()
-        finally:
-            stack.stop()
+        log_dir = tmp_path_factory.mktemp("logs")
+        with node_stack_running(head, log_dir, sims, extra_env=restore_soon, malformed_sent=True) as stack:
+            yield stack
 
 
 def client_of(head: RedisHead, user: str) -> redis.Redis:

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devstack.local_stack import PROJECT_ROOT, REDIS_CONF, ManagedProcess, free_port, start_celery_worker
+from inference.simulator import SimulatorProcess
 from tests.support.stack import Stack
 from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
 
@@ -136,3 +138,26 @@ class RoleStack(Stack):
             name, "upload", env, self.log_dir, concurrency=1, mingle_and_gossip=True
         )
         return self.uploader
+
+
+@contextmanager
+def node_stack_running(
+    head: RedisHead, log_dir: Path, sims: list[SimulatorProcess], **options: Any
+) -> Iterator[RoleStack]:
+    """A RoleStack started on `head`: the generate workers as GPU node GPU_NODES[0]'s user, the uploader as
+    its own, the producer's commands as the producer; stopped when the block ends."""
+    urls = head.urls
+    host = GPU_NODES[0]
+    stack = RoleStack(
+        urls["producer"],
+        log_dir,
+        sims,
+        worker_url=urls[node_user(host)],
+        worker_host=host,
+        uploader_url=urls["uploader"],
+        **options,
+    )
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
