@@ -195,6 +195,7 @@ class DeadLetterReason(enum.StrEnum):
     TRUNCATED_IN_THINKING = "truncated_in_thinking"  # the `drop` policy for thinking cut by the budget
     BATCH_FAILED = "batch_failed"  # its batch kept failing unexpectedly
     POISON_PROMPT = "poison_prompt"  # it hung or dropped every server it was sent to (see poison.py)
+    RECORD_TOO_LARGE = "record_too_large"  # its completion is past the record limit (state/record_limits.py)
 
 
 class DeadLetter(Record, frozen=True, omit_defaults=True):

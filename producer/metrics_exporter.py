@@ -31,6 +31,7 @@ from producer.status.gather import gather_status, queue_depths
 from producer.status.model import RunStatus
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RUNS_KEY, RunKeys, check_run_name
+from workers.state.parked_messages import parked_counts
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,
@@ -121,6 +122,7 @@ def add_run(families: _Families, status: RunStatus, counters: dict[str, int]) ->
     if status.upload.oldest_staged_age_s is not None:
         oldest.add_metric(run, status.upload.oldest_staged_age_s)
     _labelled_counters(families, status.run, counters)
+    _quarantine(families, status)
     per_gpu = families.gauge(
         "gpu_output_tokens_per_second",
         "The run's output tokens per second per GPU, last minute.",
@@ -142,6 +144,25 @@ def _labelled_counters(families: _Families, run: str, counters: dict[str, int]) 
                 family.add_metric([run, key.removeprefix(prefix)], value)
 
 
+def _quarantine(families: _Families, status: RunStatus) -> None:
+    quarantine = status.quarantine
+    records = families.gauge(
+        "records_quarantined", "Records read back from Redis that could not be trusted, kept apart.", ["run"]
+    )
+    records.add_metric([status.run], quarantine.records if quarantine else 0)
+    awaiting = families.gauge(
+        "prompts_awaiting_regeneration",
+        "Real prompts of quarantined records not generated again yet.",
+        ["run"],
+    )
+    awaiting.add_metric([status.run], quarantine.awaiting_regeneration if quarantine else 0)
+    by_reason = families.gauge(
+        "records_quarantined_by_reason", "Quarantined records by reason (over those read).", ["run", "reason"]
+    )
+    for reason, count in (quarantine.reasons if quarantine else {}).items():
+        by_reason.add_metric([status.run, reason], count)
+
+
 def add_fleet(families: _Families, client: redis.Redis) -> None:
     """Queues and GPUs: shared by every run."""
     waiting = families.gauge("queue_waiting_messages", "Messages waiting in the queue (LLEN).", ["queue"])
@@ -151,6 +172,13 @@ def add_fleet(families: _Families, client: redis.Redis) -> None:
     for depth in queue_depths(client):
         waiting.add_metric([depth.queue], depth.waiting)
         in_flight.add_metric([depth.queue], depth.in_flight)
+    parked = families.counter(
+        "parked_messages",
+        "Malformed messages parked instead of delivered, by queue and reason.",
+        ["queue", "reason"],
+    )
+    for count in parked_counts(client):
+        parked.add_metric([count.queue, count.reason], count.count)
     now = time.time()
     gpu_families = {
         "in_flight": families.gauge("gpu_in_flight_requests", "Requests at the GPU's server.", ["gpu"]),

@@ -21,7 +21,7 @@ from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint
-from workers.errors import ObjectMissing
+from workers.errors import ObjectMissing, RecordUnreadable
 from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry
 from workers.record.object_store import ObjectStore
@@ -175,7 +175,7 @@ def recover_run(client: redis.Redis, store: ObjectStore, run: str) -> RecoverRep
     report.settings_restored = bool(client.set(keys.settings, encode_run_settings(stored), nx=True))
     try:
         pinned = decode_run_settings(client.get(keys.settings))
-    except msgspec.DecodeError:  # unreadable (a NaN pinned as null by an older version): the output's wins
+    except RecordUnreadable:  # unreadable (a NaN pinned as null by an older version): the output's wins
         client.set(keys.settings, encode_run_settings(stored))
         report.settings_restored = True
         pinned = stored

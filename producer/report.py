@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -23,11 +22,14 @@ import redis
 
 from inference.records import DeadLetter, Origin, Quality
 from producer.export.loss_check import LossStats
+from workers.errors import RecordUnreadable
 from workers.record.manifest import ManifestEntry, completion_keys, read_manifest
 from workers.record.object_store import ObjectStore
 from workers.record.parquet_io import PARQUET_USE_THREADS
+from workers.state.codec import decode_json
 from workers.state.keys import RunKeys
 from workers.state.ledger import gpu_label
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 # Only these columns are read from each object: no text column is ever decoded.
 REPORT_COLUMNS = ("finish_reason", "quality", "usage", "timings", "origin", "spec_accept_length")
@@ -329,7 +331,10 @@ def dead_letters_by_reason(client: redis.Redis, run: str) -> dict[str, int]:
     """Counts of the run's dead letters by reason, from its `dead` hash."""
     reasons: Counter[str] = Counter()
     for _prompt_id, raw in client.hscan_iter(RunKeys(run).dead, count=DEAD_SCAN_COUNT):
-        reasons[msgspec.json.decode(raw, type=DeadLetter).reason] += 1
+        try:
+            reasons[decode_json(raw, DeadLetter, limit_bytes=SMALL_RECORD_LIMIT_BYTES).reason] += 1
+        except RecordUnreadable as error:  # the uploader quarantines it if it is pending
+            reasons[error.reason] += 1
     return dict(reasons.most_common())
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-import msgspec
 import redis
 
 from producer.errors import OutputError, RunNotFound, RunStateBroken
 from producer.settings import ProducerSettings
-from workers.errors import UnsupportedStoreUrl
+from workers.errors import RecordUnreadable, UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
 from workers.record.storage import check_output_folder, open_store
 from workers.state.keys import RunKeys
@@ -46,7 +45,7 @@ def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
         )
     try:
         return decode_run_settings(raw)
-    except msgspec.DecodeError as error:
+    except RecordUnreadable as error:
         raise RunStateBroken(
             f"run {run!r}: its pinned settings in Redis are unreadable ({error}); `python -m producer "
             f"recover --run {run} --output URL` restores them from the output's run.json"

@@ -4,6 +4,7 @@ and list in full the rows refused at enqueue and the prompts dead-lettered."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -25,9 +26,12 @@ from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status_parsers import LISTED_KINDS, PRICE_ENV
 from producer.status_view import clock, render_status, status_line
+from workers.errors import RecordUnreadable
 from workers.record.storage import normalise_output_url, open_store
+from workers.state.codec import decode_json
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 LIVE_REFRESHES_PER_S = 4
 REJECTS_SCAN_COUNT = 1000  # hash fields per HSCAN round trip: a big listing never blocks Redis
@@ -156,10 +160,10 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
     for field, raw in client.hscan_iter(keys.rejected, count=REJECTS_SCAN_COUNT):
         row = msgspec.json.decode(raw, type=RejectedRow)
         rejected.append(_listed(rejection_source(field.decode(), row), row))
-    dead = [
-        msgspec.json.decode(raw, type=DeadLetter)
-        for _, raw in client.hscan_iter(keys.dead, count=REJECTS_SCAN_COUNT)
-    ]
+    dead = []
+    for _, raw in client.hscan_iter(keys.dead, count=REJECTS_SCAN_COUNT):
+        with contextlib.suppress(RecordUnreadable):  # the uploader quarantines it if it is pending
+            dead.append(decode_json(raw, DeadLetter, limit_bytes=SMALL_RECORD_LIMIT_BYTES))
     return _sorted_listing(run, rejected, dead)
 
 

@@ -1,5 +1,5 @@
-"""The parsers of `status`, `pause`, `resume`, `rejects` and `metrics`: built at every start-up, so light
-(their handlers, with Redis, rich and Prometheus, load when they run)."""
+"""The parsers of `status`, `pause`, `resume`, `rejects`, `parked` and `metrics`: built at every start-up,
+so light (their handlers, with Redis, rich and Prometheus, load when they run)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ DEFAULT_PAUSE_REASON = "paused by hand"
 LISTED_KINDS = ("rejected", "dead")
 DEFAULT_PORT = 9108
 DEFAULT_ADDRESS = "127.0.0.1"  # unauthenticated: bind wider (--address 0.0.0.0) only on a private network
+DEFAULT_PARKED_LISTED = 20
 
 
 def _register_metrics(commands: Any) -> None:
@@ -41,6 +42,20 @@ def _register_rejects(commands: Any) -> None:
         "--output", dest="output_url", help="read them from the run's output (folder or s3://), not Redis"
     )
     rejects.set_defaults(handler=Deferred("producer.status_cli", "cmd_rejects"))
+
+
+def _register_parked(commands: Any) -> None:
+    parked = commands.add_parser(
+        "parked", help="list the malformed messages workers parked instead of ending on them, with why"
+    )
+    parked.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_PARKED_LISTED,
+        help=f"how many to list, newest first (default {DEFAULT_PARKED_LISTED})",
+    )
+    parked.add_argument("--json", action="store_true", help="one JSON object: counts, newest")
+    parked.set_defaults(handler=Deferred("producer.parked", "cmd_parked"))
 
 
 def register(commands: Any) -> None:
@@ -77,3 +92,4 @@ def register(commands: Any) -> None:
     resume_parser.add_argument("--run", required=True)
     resume_parser.set_defaults(handler=Deferred("producer.status_cli", "cmd_resume"))
     _register_rejects(commands)
+    _register_parked(commands)

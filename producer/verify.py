@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import redis
 
 from workers.record.object_store import ObjectStore
+from workers.record.quarantine_output import read_quarantined
 from workers.record.reading import read_committed, read_enqueued_ids
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.quarantine import Quarantine, QuarantinedRecord
 
 EXAMPLES_SHOWN = 5
 
@@ -34,6 +36,9 @@ class VerifyReport:
     committed_and_dead: list[str] = field(default_factory=list)
     broken_objects: list[str] = field(default_factory=list)  # missing, or checksum differs from the manifest
     redis_manifest_entries: int = 0
+    # records kept apart, never committed (from the output's quarantine/ and Redis): not a failure by
+    # themselves; a real prompt of theirs not generated again is `missing`
+    quarantined: list[QuarantinedRecord] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -60,7 +65,9 @@ def verify_run(
     enqueued = read_enqueued_ids(store)
     dead = set(committed.dead)
     report = VerifyReport()
+    quarantined = {entry.field: entry for entry in read_quarantined(store)}
     if client is not None:
+        quarantined |= {entry.field: entry for entry in Quarantine(client, run).entries()}
         keys = RunKeys(run)
         enqueued |= RunLedger(client, run).enqueued_ids()
         dead |= {raw.decode() for raw in client.hkeys(keys.dead)}
@@ -80,6 +87,7 @@ def verify_run(
     report.unexpected = sorted((done | dead) - enqueued)
     report.committed_and_dead = sorted(done & dead)
     report.missing = sorted(enqueued - done - dead)
+    report.quarantined = sorted(quarantined.values(), key=lambda entry: (entry.at, entry.field))
     return report
 
 
@@ -100,6 +108,12 @@ def describe(report: VerifyReport) -> list[str]:
         if items:
             shown = ", ".join(items[:EXAMPLES_SHOWN]) + (" …" if len(items) > EXAMPLES_SHOWN else "")
             lines.append(f"{label}: {len(items)} ({shown})")
+    if report.quarantined:
+        shown = ", ".join(
+            f"{entry.kind} {entry.id} ({entry.reason})" for entry in report.quarantined[:EXAMPLES_SHOWN]
+        )
+        more = " …" if len(report.quarantined) > EXAMPLES_SHOWN else ""
+        lines.append(f"quarantined (kept apart, never committed): {len(report.quarantined)} ({shown}{more})")
     if report.missing and report.awaiting_upload:
         lines.append(f"note: {report.awaiting_upload} completions are generated and awaiting upload")
     lines.append("OK: every prompt committed exactly once or dead-lettered" if report.ok else "FAILED")

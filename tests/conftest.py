@@ -81,3 +81,4 @@ def log_dir(tmp_path: Path) -> Path:
     path = tmp_path / "logs"
     path.mkdir()
     return path
+

@@ -19,7 +19,7 @@ from workers.bootsteps.liveness_step import LivenessStep
 from workers.bootsteps.reconciler_step import ReconcilerStep
 from workers.bootsteps.seating import seat_generate_worker
 from workers.context import ContextHolder, WorkerContext
-from workers.control_commands import refuse_control_commands
+from workers.control_commands import limit_remote_control
 from workers.flower_guard import install_flower_guard
 from workers.settings import WorkerSettings
 from workers.state.broker import broker_config, new_app
@@ -63,16 +63,16 @@ def make_app(
     def close_context(**_: object) -> None:
         contexts.close()
 
-    def limit_remote_control(**_: object) -> None:
+    def guard_remote_control(**_: object) -> None:
         if not settings.remote_control_commands:
-            refuse_control_commands()
+            limit_remote_control()
 
     def take_gpu_seat(sender: Any, **_: object) -> None:
         """Before any consumer starts: a generate worker seats itself on its GPU (bootsteps/seating.py)."""
         if GENERATE_QUEUE in sender.app.amqp.queues.consume_from:
             seat_generate_worker(contexts.get(), CeleryDispatcher(app))
 
-    worker_init.connect(limit_remote_control, weak=False)  # in a worker process, before it consumes
+    worker_init.connect(guard_remote_control, weak=False)  # in a worker process, before it consumes
     worker_init.connect(take_gpu_seat, weak=False)
     worker_shutting_down.connect(begin_shutdown, weak=False)
     worker_shutdown.connect(close_context, weak=False)

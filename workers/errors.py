@@ -14,7 +14,10 @@ WorkerError
     ├── InvalidRunName      a run name that is not a safe key and path segment
     ├── InvalidSetting      an unknown `DRAFTGEN_*` variable, or a value its setting cannot take
     ├── UnsafeKey           an object key that would name a file outside its folder
-    └── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+    ├── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+    ├── RecordUnreadable    a record read back from Redis that cannot be trusted (kept apart, never fatal)
+    ├── RecordTooLarge      a completion past the record limit: dead-lettered, never handed over
+    └── MalformedMessage    a queue item that is not one of draftgen's messages: parked, never delivered
 
 Only this module is imported by those who catch them, so catching needs neither boto3 nor Celery.
 """
@@ -91,3 +94,27 @@ class UnsafeKey(Refused):
 
 class UnsupportedStoreUrl(Refused):
     """The output URL is neither file:// nor s3://."""
+
+
+class RecordUnreadable(Refused):
+    """A record read back (from Redis) that cannot be trusted: not a whole frame, past its ceiling, or not
+    the record it should be. `reason` is a short, stable category; the message says the rest."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RecordTooLarge(Refused):
+    """A completion whose record is past the record limit: the uploader would refuse it every time, so it
+    is dead-lettered instead of handed over."""
+
+
+class MalformedMessage(Refused):
+    """A queue item, broadcast or event that is not one of draftgen's messages
+    (workers/state/message_check.py): `reason` is one word to count it by, `detail` says what is wrong."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

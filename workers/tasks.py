@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 def register_tasks(app: Celery, contexts: ContextHolder) -> None:
     @app.task(name=FLUSH_TASK, bind=True, max_retries=None, shared=False)  # None: retry forever
     def flush(self: Task, run: str) -> dict[str, Any]:
+        context = contexts.get()
         try:
-            report = contexts.get().uploader.flush(run)
+            report = context.uploader.flush(run)
         except RetryLater as error:
             raise self.retry(countdown=error.delay_s) from error
         except RunBroken:
@@ -34,6 +35,8 @@ def register_tasks(app: Celery, contexts: ContextHolder) -> None:
             # Staged completions stay in Redis; a later flush commits them.
             log.exception("flush of run %s failed unexpectedly; retrying", run)
             raise self.retry(countdown=UNEXPECTED_ERROR_RETRY_S) from error
+        for batch_id in report.reopened_batches:  # a quarantined prompt is generated again
+            context.dispatch_generate(run, batch_id, countdown_s=0.0)
         return asdict(report)
 
     @app.task(name=GENERATE_TASK, bind=True, max_retries=None, shared=False)

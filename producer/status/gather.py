@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from producer.parked import parked_warning
 from producer.run_access import require_run
 from producer.status.figures import (
     MS_PER_S,
@@ -31,12 +32,14 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
+from producer.status.quarantine_figures import quarantine_warning, read_quarantine
 from workers.record.manifest import decode_entry
 from workers.state.control import pause_state
 from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
+from workers.state.parked_messages import parked_counts
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
 from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT, generated_turns
@@ -125,6 +128,11 @@ def gather_status(
     entries = [decode_entry(raw) for raw in manifest]
     queues = queue_depths(client)
     stranded = stranded_warning(progress, queues, paused=paused is not None)
+    quarantine = read_quarantine(client, run)
+    quarantined = quarantine_warning(
+        quarantine, remaining=progress.remaining, open_batches=progress.open_batches
+    )
+    parked = parked_counts(client)
     return RunStatus(
         run=run,
         now=now,
@@ -164,6 +172,12 @@ def gather_status(
             if paused is not None
             else None
         ),
-        warnings=[warning for warning in (stranded, token_ids_warning(counters)) if warning]
+        warnings=[
+            warning
+            for warning in (stranded, token_ids_warning(counters), quarantined, parked_warning(parked))
+            if warning
+        ]
         + [f"restarted itself within the hour: {note}" for note in read_exit_notes(client).values()],
+        quarantine=quarantine,
+        parked_messages=parked,
     )

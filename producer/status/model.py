@@ -3,7 +3,11 @@ metrics exporter."""
 
 from __future__ import annotations
 
+import msgspec
+
 from inference.records import Record
+from producer.status.quarantine_figures import QuarantineFigures
+from workers.state.parked_messages import ParkedCount
 
 
 class Progress(Record, frozen=True):
@@ -120,3 +124,6 @@ class RunStatus(Record, frozen=True):
     gate: GateFigures
     paused: PauseFigures | None
     warnings: list[str]
+    quarantine: QuarantineFigures | None = None  # records kept apart (None: never any)
+    # Malformed messages of the whole fleet (no run is theirs), by queue and reason.
+    parked_messages: list[ParkedCount] = msgspec.field(default_factory=list)

@@ -27,11 +27,13 @@ from pathlib import Path
 
 from tests.explorer.fleet import (
     RUN,
+    SLEEP,
     EnqueuePart,
     EnqueueProcess,
     Fleet,
     FleetShape,
     Snapshot,
+    Twin,
     UploaderProcess,
     Worker,
 )
@@ -62,7 +64,7 @@ RARE = 0.4
 TIME = 0.5
 FAULT = 0.4
 
-Owner = Worker | UploaderProcess | EnqueueProcess | EnqueuePart
+Owner = Worker | UploaderProcess | EnqueueProcess | EnqueuePart | Twin
 Option = tuple[float, str, Callable[[], object]]
 
 
@@ -102,6 +104,8 @@ class Explorer:
     # ------------------------------------------------------------------ the two phases
 
     def run(self) -> ScheduleResult:
+        for worker in self.fleet.workers:
+            self._start(worker, "seat", worker.take_seat)
         self._new_enqueue()
         faults_end = FAULT_PHASE_MAX_ACTIONS
         for action in range(FAULT_PHASE_MAX_ACTIONS):
@@ -111,8 +115,7 @@ class Explorer:
                 return self._end()
             if faults_end == FAULT_PHASE_MAX_ACTIONS and self.checks.finished():
                 faults_end = action + FAULTS_AFTER_FINISHING
-        for name in [w.process.name for w in self.fleet.workers] + [self.fleet.uploader.process.name]:
-            self.fleet.restart(name)
+        self._calm_down()
         for _ in range(CALM_PHASE_ACTIONS):
             if not self.scheduler.parked() and self.checks.finished():
                 self.result.finished = True
@@ -124,6 +127,18 @@ class Explorer:
             self.result.violations.append(f"the run never finished once faults stopped: {self._counts()}")
         self.result.violations += self.checks.at_end()
         return self._end()
+
+    def _calm_down(self) -> None:
+        """Faults over: the operator has loaded the functions, systemd has restarted the dead, and a
+        second worker on a live GPU has given up."""
+        for twin in self.fleet.twins:
+            if not twin.process.dead:
+                self._kill(twin.process)
+        for name in [w.process.name for w in self.fleet.workers] + [self.fleet.uploader.process.name]:
+            if (worker := self.fleet.restart(name)) is not None:
+                self._start(worker, "seat", worker.take_seat)
+        if not self.fleet.library_loaded():
+            self.fleet.load_the_library()
 
     def _end(self) -> ScheduleResult:
         self.result.checks = self.checks.checked
@@ -149,12 +164,13 @@ class Explorer:
 
     def _options(self, *, faults: bool) -> list[Option]:
         fleet = self.fleet
+        grant = self.scheduler.grant
         options: list[Option] = [
-            (GRANT, f"grant {s.process.name}/{s.what}", partial(self.scheduler.grant, s))
+            (TIME if s.parked_at == SLEEP else GRANT, f"grant {s.process.name}/{s.what}", partial(grant, s))
             for s in self.scheduler.parked()
         ]
         for worker in fleet.workers:
-            if not worker.process.dead:
+            if not worker.process.dead and worker.seated:
                 options += self._worker_options(worker)
         uploader = fleet.uploader
         if (
@@ -191,6 +207,8 @@ class Explorer:
             step(START, "settles a tail", "tail", worker.settle_tail)
         if not self._running(worker.process, "renew"):
             step(START / 2, "renews", "renew", worker.renew)
+        if not self._running(worker.process, "seat check"):
+            step(START / 6, "checks its seat", "seat check", worker.check_seat)
         if not any(self._running(w.process, "reconcile") for w in self.fleet.workers):  # one at a time
             step(START / 12, "reconciles", "reconcile", worker.reconcile)
         return options
@@ -212,7 +230,23 @@ class Explorer:
             (FAULT / 2, "duplicate a message", partial(self._fault, "duplicated", fleet.duplicate_a_message)),
             (FAULT / 2, "lose a message", partial(self._fault, "lost", fleet.lose_a_message)),
             (FAULT / 4, "visibility timeout", partial(self._fault, "restored", fleet.restore_unacked)),
+            (FAULT / 3, "a malformed message", partial(self._fault, "malformed", fleet.push_malformed)),
+            (FAULT / 3, "a forged staged record", partial(self._fault, "forged", fleet.forge_a_record)),
         ]
+        return options + self._redis_and_seat_faults()
+
+    def _redis_and_seat_faults(self) -> list[Option]:
+        fleet = self.fleet
+        unsubscribe = partial(self._fault, "unsubscribed", fleet.unsubscribe)
+        options: list[Option] = [(FAULT / 2, "Redis drops every subscription", unsubscribe)]
+        if fleet.library_loaded():
+            lose = partial(self._fault, "library lost", fleet.lose_the_library)
+            options.append((FAULT / 3, "the function library is lost", lose))
+        else:
+            options.append((FAULT, "the producer loads the functions", fleet.load_the_library))
+        if not any(not twin.process.dead and self._running(twin.process, "seat") for twin in fleet.twins):
+            label = self.rng.choice([worker.process.name for worker in fleet.workers])
+            options.append((FAULT / 3, f"a second worker starts on {label}", partial(self._new_twin, label)))
         if fleet.snapshots:
             options.append((FAULT, "Redis loses its last writes", self._roll_back))
         return options
@@ -268,10 +302,18 @@ class Explorer:
     def _kill(self, process: Process) -> None:
         self.result.faults["killed"] += 1
         self.scheduler.kill(process)
+        self.fleet.close_sockets(process)
 
     def _restart(self, name: str) -> None:
         self.result.faults["restarted"] += 1
-        self.fleet.restart(name)
+        worker = self.fleet.restart(name)
+        if worker is not None:
+            self._start(worker, "seat", worker.take_seat)
+
+    def _new_twin(self, label: str) -> None:
+        self.result.faults["twins"] += 1
+        twin = self.fleet.new_twin(label)
+        self._start(twin, "seat", twin.take_seat)
 
     def _roll_back(self) -> None:
         snapshot: Snapshot = self.rng.choice(self.fleet.snapshots)

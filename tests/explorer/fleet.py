@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import functools
 import json
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,23 +43,39 @@ from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue_processes import dealt
 from producer.errors import EnqueueBusy
 from producer.recover import write_run_settings
-from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler
+from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler, Step, current_step
+from tests.support.malformed_messages import (
+    NO_CHAIN,
+    changed,
+    encoded,
+    envelope_of,
+    generate_item,
+    replaced,
+    with_body,
+    with_call,
+    without_property,
+)
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
 from workers.context import WorkerContext
-from workers.errors import RetryLater, RunBroken
+from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.record.manifest import MANIFEST_PREFIX
 from workers.record.storage import FolderStore
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
-from workers.recovery.leases import Lease, LeaseKeeper
+from workers.recovery.leases import Acquired, Lease, LeaseKeeper
 from workers.recovery.reconciler import RECONCILER_LOCK_KEY, Reconciler, ReconcileSettings
+from workers.recovery.seat import Seat, TakenSeat
+from workers.recovery.seat_stamp import MICROSECONDS_PER_S, ServerView, decode_stamp, encode_stamp
 from workers.settings import WorkerSettings
-from workers.state.keys import RunKeys
+from workers.state.codec import encode_blob
+from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
+from workers.state.message_check import why_malformed
+from workers.state.parked_messages import park, parked_message
 from workers.state.protocol import LIBRARY
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.state.runs import RunSettings
 
 RUN = "explored"
@@ -68,6 +87,7 @@ CONVERSATION_EVERY = 3  # prompts p000, p003, ... are conversations regenerated 
 CONVERSATION_TURNS = (2, 3)
 MS_PER_S = 1000
 CLOCK_START_S = 1_000.0
+SERVER_UP_BEFORE_S = 3_600.0  # how long Redis has served when a schedule starts
 
 # Redis's clock-scored sets, and keys whose expiry is a lease: both age when time passes.
 _PASS_TIME = """
@@ -100,6 +120,18 @@ def explored_prompt(index: int) -> Prompt:
 def turn_answer(prompt_id: str, turn: int) -> str:
     """What the modelled server answers to a turn (the same on every delivery, as a seeded server does)."""
     return f"{prompt_id} answer {turn}"
+
+
+class NodeRedis(GatedRedis):
+    """A gated client of a GPU node's or the uploader's Redis user: it may call the protocol's functions
+    but not load them (deploy/redis-users.acl), so a lost library stays lost until the producer loads it."""
+
+    def function_load(self, *_args: Any, **_kwargs: Any) -> Any:
+        self.scheduler.gate("FUNCTION LOAD")
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run 'function|load'")
+
+
+SLEEP = "sleep"
 
 
 @dataclass(frozen=True)
@@ -155,24 +187,42 @@ class Delivery:
 
 
 class Bus:
-    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients."""
+    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients. Messages
+    are as enqueue and the reconciler send them (a real one, with another call and eta); what a worker pops
+    is checked as its transport checks it (workers/state/message_check.py), and a malformed item is parked,
+    never delivered."""
 
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
         self._tags = 0
+        self.sent: set[bytes] = set()  # every message of draftgen's own, as published
+        self.parked_ours: list[str] = []  # messages of draftgen's own that were parked (a violation)
 
-    def envelope(self, run: str, batch_id: str, eta_s: float) -> str:
-        body = base64.b64encode(json.dumps([[run, batch_id], {}, {}]).encode()).decode()
-        headers = {"task": GENERATE_TASK, "id": f"{batch_id}@{eta_s}", "eta": eta_s}
-        return json.dumps({"body": body, "headers": headers, "properties": {"body_encoding": "base64"}})
+    def envelope(self, run: str, batch_id: str, eta_s: float) -> bytes:
+        self._tags += 1
+        real = envelope_of(real_generate_item())
+        real["body"] = base64.b64encode(json.dumps([[run, batch_id], {}, NO_CHAIN]).encode()).decode()
+        eta = datetime.fromtimestamp(eta_s, UTC).isoformat()
+        real["headers"].update(id=f"{batch_id}-{self._tags}", eta=eta)
+        real["properties"]["delivery_tag"] = f"tag-{self._tags}"
+        return encoded(real)
 
     def publish(self, client: redis.Redis, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        client.lpush(GENERATE_QUEUE, self.envelope(run, batch_id, self._clock.now_s + countdown_s))
+        message = self.envelope(run, batch_id, self._clock.now_s + countdown_s)
+        self.sent.add(message)
+        client.lpush(GENERATE_QUEUE, message)
 
     def fetch(self, client: redis.Redis) -> Delivery | None:
-        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls)."""
+        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls); a
+        malformed one is parked instead."""
         raw = client.rpop(GENERATE_QUEUE)
         if raw is None:
+            return None
+        malformed = why_malformed(raw, GENERATE_QUEUE)
+        if malformed is not None:
+            park(client, parked_message(raw, GENERATE_QUEUE, malformed, at=self._clock.now_s))
+            if raw in self.sent:
+                self.parked_ours.append(f"a message of draftgen's own was parked: {malformed}")
             return None
         self._tags += 1
         tag = f"tag-{self._tags}"
@@ -180,13 +230,39 @@ class Bus:
         client.hset(KOMBU_UNACKED_KEY, tag, json.dumps([message, "", GENERATE_QUEUE]))
         client.zadd(KOMBU_UNACKED_INDEX_KEY, {tag: self._clock.now_s})
         (run, batch_id), _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=float(message["headers"]["eta"]))
+        eta_s = datetime.fromisoformat(message["headers"]["eta"]).timestamp()
+        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=eta_s)
 
     def ack(self, client: redis.Redis, delivery: Delivery) -> None:
         with client.pipeline(transaction=False) as pipe:
             pipe.hdel(KOMBU_UNACKED_KEY, delivery.tag)
             pipe.zrem(KOMBU_UNACKED_INDEX_KEY, delivery.tag)
             pipe.execute()
+
+
+@functools.cache
+def real_generate_item() -> bytes:
+    """A generate message exactly as Celery writes it (built once, in memory): each one published is a
+    copy with its own call, id and eta."""
+    return generate_item(RUN, "0" * 16)
+
+
+def malformed_items(real: bytes) -> list[bytes]:
+    """What a buggy producer, a truncated write or a node's password could push onto the generate queue."""
+    return [
+        b"x",
+        b"[]",
+        real[: len(real) // 2],
+        replaced(real, body="not base64!"),
+        with_body(real, {}),
+        with_call(real, [RUN]),
+        with_call(real, [RUN, ["not", "a", "batch id"]]),
+        with_call(real, ["../not a run", "0" * 16]),
+        changed(real, "headers", task="draftgen.unknown"),
+        changed(real, "properties", delivery_tag=[1]),
+        without_property(real, "delivery_tag"),
+        b"{" * 40_000,
+    ]
 
 
 @dataclass
@@ -196,6 +272,7 @@ class Tail:
     prompts: list[Prompt]
     job: ModelledJob
     poisoned: bool
+    lease: Lease | None = None  # the lease its batch is held under, while it waits or is settled
 
 
 @dataclass
@@ -229,12 +306,18 @@ class ModelledServer:
             raise RuntimeError("a bug this batch always meets")
         job = ModelledJob(handover, still_held)
         answered_now = 0 if poisoned else fleet.rng.randint(0, len(prompts))  # it fails before any answer
-        for one in prompts[:answered_now]:
-            fleet.generate_one(job, one)
-        if answered_now == len(prompts) and not poisoned:
+        try:
+            for one in prompts[:answered_now]:
+                fleet.generate_one(job, one)
+        except Exception as error:  # a hand-over Redis refused: the engine's future carries it
+            job.done.set_exception(error)
+        if job.done.done():
+            pass
+        elif answered_now == len(prompts) and not poisoned:
             job.done.set_result(job.outcome)
         else:
-            self._worker.tails.append(Tail(prompts[answered_now:], job, poisoned))
+            lease = self._worker.keeper.lease_of(current_step())
+            self._worker.tails.append(Tail(prompts[answered_now:], job, poisoned, lease))
         sent = threading.Event()
         sent.set()
         return BatchJob(sent, job.done)
@@ -259,11 +342,31 @@ class ModelledServerRecord:
 
 
 class GivingUpKeeper(LeaseKeeper):
-    """A LeaseKeeper that tells the fleet whenever a lease of its is gone from Redis by its own doing."""
+    """A LeaseKeeper that tells the fleet whenever a lease of its is gone from Redis by its own doing,
+    and remembers which step took each lease."""
 
-    def __init__(self, client: redis.Redis, *, worker: str, clock: FakeClock, fleet: Fleet) -> None:
-        super().__init__(client, worker=worker, clock=clock)
+    def __init__(
+        self, client: redis.Redis, *, worker: str, seat: str, clock: FakeClock, fleet: Fleet
+    ) -> None:
+        super().__init__(client, worker=worker, seat=seat, clock=clock)
         self._fleet = fleet
+        self.taken_by: dict[Lease, Step | None] = {}
+
+    def acquire(self, run: str, batch_id: str) -> tuple[Acquired, Lease]:
+        outcome, lease = super().acquire(run, batch_id)
+        if outcome is Acquired.ACQUIRED:
+            self.taken_by[lease] = current_step()
+        return outcome, lease
+
+    def lease_of(self, step: Step | None) -> Lease | None:
+        """The lease `step` took last."""
+        taken = [lease for lease, by in self.taken_by.items() if by is step]
+        return taken[-1] if taken else None
+
+    def renewed(self) -> list[Lease]:
+        """The leases this keeper renews: held and not found lost."""
+        with self._lock:
+            return [lease for lease, tracked in self._held.items() if not tracked.lost]
 
     def release(self, lease: Lease, *, delay_s: float) -> bool:
         released = super().release(lease, delay_s=delay_s)
@@ -315,17 +418,64 @@ class StepDispatcher:
 
 
 class Worker:
-    """A generate worker process: its steps are deliveries, tails, renewals and reconcile passes."""
+    """A generate worker process: it takes its GPU label's seat (workers/bootsteps/seating.py) and then
+    its steps are deliveries, tails, renewals, seat checks and reconcile passes."""
 
     def __init__(self, fleet: Fleet, name: str) -> None:
         self.fleet = fleet
         self.process = Process(name)
-        self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
-        self.keeper = GivingUpKeeper(self.client, worker=name, clock=fleet.clock, fleet=fleet)
+        self.client = NodeRedis(fleet.redis_url, fleet.scheduler)
+        self.seat = fleet.seat_of(self.client, name, on_lost=self._seat_lost)
+        self.keeper = GivingUpKeeper(
+            self.client, worker=name, seat=self.seat.token, clock=fleet.clock, fleet=fleet
+        )
+        self.seated = False
         self.tails: list[Tail] = []
+        self.settling: dict[Lease, Step | None] = {}  # tails being settled: their lease -> the step
         self.held: list[Delivery] = []  # delivered, waiting for their countdown (Celery keeps them)
         self.detached = DetachedTails()
         self.context = HarnessContext(self)
+
+    def take_seat(self) -> None:
+        """What a worker does before it consumes: take its seat, then what its dead predecessor held. A
+        seat a live process holds ends this one (EXIT_SEAT_HELD; systemd starts it again later)."""
+        try:
+            taken = self.seat.take()
+        except SeatHeld:
+            self.process.dead = True  # it exits; its subscription went with the refusal
+            return
+        self.fleet.seat_taken(self.process.name, taken)
+        with contextlib.suppress(FunctionsMissing):  # its predecessor's leases run out as any do
+            self.reconciler().take_back_seat(taken, self.process.name)
+        self.seated = True
+
+    def check_seat(self) -> None:
+        """The seat's keeper, as its thread runs every half second."""
+        with contextlib.suppress(redis.ConnectionError):
+            self.seat.check()
+
+    def _seat_lost(self, reason: str) -> None:
+        if not self.process.dead:
+            self.fleet.seat_losses.append(f"{self.process.name}, alive, was told: {reason}")
+
+    def unaccounted_leases(self) -> list[Lease]:
+        """Leases this worker renews that no execution of it holds any more: not the step that took it
+        (running), not a tail waiting to be settled, not a tail being settled."""
+        waiting = {tail.lease for tail in self.tails}
+        found = []
+        for lease in self.keeper.renewed():
+            taker = self.keeper.taken_by.get(lease)
+            settler = self.settling.get(lease)
+            if lease in waiting or (taker is not None and not taker.ended):
+                continue
+            if lease in self.settling and (settler is None or not settler.ended):
+                continue
+            found.append(lease)
+        return found
+
+    def reconciler(self) -> Reconciler:
+        settings = ReconcileSettings(upload_max_age_s=UploadSettings().max_age_s)
+        return Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings)
 
     def deliver(self) -> None:
         delivery = self.fleet.bus.fetch(self.client)
@@ -360,39 +510,77 @@ class Worker:
 
     def settle_tail(self) -> None:
         tail = self.tails.pop(0)
-        for one in [] if tail.poisoned else tail.prompts:
-            self.fleet.generate_one(tail.job, one)
+        if tail.lease is not None:
+            self.settling[tail.lease] = current_step()
+        try:
+            for one in [] if tail.poisoned else tail.prompts:
+                self.fleet.generate_one(tail.job, one)
+        except Exception as error:  # a hand-over Redis refused: the engine's future carries it
+            tail.job.done.set_exception(error)
         settle = self.detached.settle_of.pop(id(tail.job.done))
-        if tail.poisoned:
+        if tail.job.done.done():
+            pass
+        elif tail.poisoned:
             tail.job.done.set_exception(RuntimeError("a bug this batch always meets"))
         else:
             tail.job.done.set_result(tail.job.outcome)
         settle(tail.job.done)
 
     def renew(self) -> None:
-        self.keeper.renew()
+        """A turn of the renewal thread (workers/periodic.py logs a missing library and goes on)."""
+        with contextlib.suppress(FunctionsMissing):
+            self.keeper.renew()
 
     def reconcile(self) -> None:
+        with contextlib.suppress(FunctionsMissing):
+            self.reconciler().reconcile_all()
+
+
+class Twin:
+    """A second generate worker started by mistake on a GPU label (or on a host of the same name): it must
+    be refused while the label's worker lives. Given the seat (its holder was gone), it takes back what
+    that holder held and stops cleanly, as a worker stopped at once would."""
+
+    def __init__(self, fleet: Fleet, label: str) -> None:
+        self.fleet = fleet
+        self.label = label
+        self.process = Process(f"{label}-twin")
+        self.client = NodeRedis(fleet.redis_url, fleet.scheduler)
+
+    def take_seat(self) -> None:
+        seat = self.fleet.seat_of(self.client, self.label, on_lost=lambda _reason: None)
+        try:
+            taken = seat.take()
+        except SeatHeld:
+            return
+        self.fleet.seat_taken(self.label, taken)
         settings = ReconcileSettings(upload_max_age_s=UploadSettings().max_age_s)
-        Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings).reconcile_all()
+        with contextlib.suppress(FunctionsMissing):
+            Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings).take_back_seat(
+                taken, self.label
+            )
+        seat.release()
 
 
 class UploaderProcess:
     def __init__(self, fleet: Fleet, name: str) -> None:
         self.fleet = fleet
         self.process = Process(name)
-        self.client = GatedRedis(fleet.redis_url, fleet.scheduler)
+        self.client = NodeRedis(fleet.redis_url, fleet.scheduler)
         self.uploader = Uploader(self.client, UploadSettings(), lambda _run: fleet.store)
 
     def flush(self) -> None:
         run = self.fleet.flush_requests.pop(0)
         try:
-            self.uploader.flush(run)
+            report = self.uploader.flush(run)
         except RetryLater:
             self.fleet.flush_requests.append(run)
+            return
         except Killed:  # its message is unacknowledged: Celery delivers it again
             self.fleet.flush_requests.append(run)
             raise
+        for batch_id in report.reopened_batches:  # as the flush task does (workers/tasks.py)
+            self.fleet.bus.publish(self.client, run, batch_id)
 
 
 class EnqueueProcess:
@@ -509,6 +697,12 @@ class Fleet:
         self.time_passed_s = 0.0
         self.gone_leases: dict[str, int] = {}  # owner token -> action at which its holder gave it up
         self.snapshots: list[Snapshot] = []
+        self.server_epoch = 0  # which Redis server the real one stands for: a rollback starts another
+        self.server_up_since_s = self.clock.now_s - SERVER_UP_BEFORE_S
+        self.forged: set[str] = set()  # staged fields a forger wrote
+        self.seat_losses: list[str] = []  # live workers told their seat was taken
+        self.seat_violations: list[str] = []  # seats taken from a live holder
+        self.twins: list[Twin] = []
         self._pass_time = self.admin.register_script(_PASS_TIME)
         # loaded before any step runs: a first FCALL that misses would add calls, and so turns, to
         # whichever schedule runs first in a fresh redis-server
@@ -593,21 +787,66 @@ class Fleet:
 
         return Enqueuer(client, self.settings, publish, source="explored.jsonl", store=self.store)
 
-    def restart(self, name: str) -> None:
-        """Start a process anew in the place of a dead one (systemd's Restart=always)."""
+    def restart(self, name: str) -> Worker | None:
+        """Start a process anew in the place of a dead one (systemd's Restart=always); a generate
+        worker, returned, has yet to take its seat."""
+        if self.uploader.process.name == name and self.uploader.process.dead:
+            self.uploader = UploaderProcess(self, name)
         for index, worker in enumerate(self.workers):
             if worker.process.name == name and worker.process.dead:
                 self.workers[index] = Worker(self, name)
-        if self.uploader.process.name == name and self.uploader.process.dead:
-            self.uploader = UploaderProcess(self, name)
+                return self.workers[index]
+        return None
+
+    def close_sockets(self, process: Process) -> None:
+        """The kernel closes a dead process's sockets: a generate worker's seat subscription goes."""
+        for worker in self.workers:
+            if worker.process is process:
+                worker.seat._close_subscription()
+
+    def seat_taken(self, label: str, taken: TakenSeat) -> None:
+        """A seat was taken from `taken.previous`: that process must be dead (or have given it up)."""
+        for worker in self.workers:
+            if worker.seat.token == taken.previous and not worker.process.dead:
+                self.seat_violations.append(
+                    f"{label}'s seat was taken from its live holder at action {self.action}"
+                )
+
+    def new_twin(self, label: str) -> Twin:
+        twin = Twin(self, label)
+        self.twins.append(twin)
+        return twin
+
+    def library_loaded(self) -> bool:
+        return bool(self.admin.function_list(library=LIBRARY.name))
+
+    def lose_the_library(self) -> bool:
+        """The protocol's functions are gone (FUNCTION DELETE, a Redis rebuilt without them)."""
+        if not self.library_loaded():
+            return False
+        self.admin.function_delete(LIBRARY.name)
+        return True
+
+    def load_the_library(self) -> bool:
+        """The operator runs `python -m producer load-functions` (or an enqueue loads them)."""
+        return LIBRARY.load(self.admin)
+
+    def unsubscribe(self) -> bool:
+        """Redis restarts (or fails over, or resets connections): every subscription is gone."""
+        self.admin.client_kill_filter(_type="pubsub")
+        return True
 
     # ------------------------------------------------------------------ time and Redis faults
 
     def pass_time(self, seconds: float) -> None:
-        """Every lease, grace period, upload age and lock lease ages by `seconds`."""
+        """Every lease, grace period, upload age, lock lease and seat stamp ages by `seconds`; the seat
+        keeper of every live worker that holds its seat runs meanwhile (its thread turns twice a second)."""
         self.clock.now_s += seconds
         self.time_passed_s += seconds
         self._age_redis(seconds)
+        for worker in self.workers:
+            if worker.seat.taken and not worker.process.dead:
+                worker.check_seat()
 
     def _age_redis(self, seconds: float) -> None:
         keys = RunKeys(RUN)
@@ -620,6 +859,26 @@ class Fleet:
         ]
         leased = [keys.enqueue_lock, keys.upload_lock, RECONCILER_LOCK_KEY]
         self._pass_time(keys=[*scored, *leased], args=[seconds, len(scored)])
+        for key in self.admin.scan_iter(match=f"{SEATS_KEY_PREFIX}*:seen"):
+            stamp = decode_stamp(self.admin.get(key))
+            if stamp is not None:
+                self.admin.set(key, encode_stamp(dataclasses.replace(stamp, at_s=stamp.at_s - seconds)))
+
+    def seat_of(self, client: redis.Redis, label: str, *, on_lost: Callable[[str], None]) -> Seat:
+        """A GPU label's seat on the schedule's clock and server."""
+        clock, sleep, server = self.clock, self.sleep, self.view_server
+        return Seat(client, label, on_lost=on_lost, clock=clock, sleep=sleep, server=server)
+
+    def sleep(self, _seconds: float) -> None:
+        """A step's pause: it parks until the explorer wakes it, as rarely as time passes."""
+        self.scheduler.gate(SLEEP)
+
+    def view_server(self, client: Any) -> ServerView:
+        """The Redis server as a seat sees it: its clock (Redis's own, aged with the rest), and the identity
+        and uptime of the server it stands for (a rollback is a restart: another server, up since then)."""
+        seconds, microseconds = client.time()
+        now_s = float(seconds) + float(microseconds) / MICROSECONDS_PER_S
+        return ServerView(f"explored-{self.server_epoch}", now_s, self.clock.now_s - self.server_up_since_s)
 
     def take_snapshot(self, *, keep: int) -> None:
         """Redis as it is now, kept as one of the `keep` most recent states it could roll back to."""
@@ -631,9 +890,37 @@ class Fleet:
         its clock went on meanwhile, and every process keeps what it believes."""
         snapshot.taken.restore(self.admin)
         self._age_redis(self.time_passed_s - snapshot.time_passed_s)
+        # it is another Redis server now (restarted, or the replica promoted): every subscription is gone,
+        # and every seat's stamp of life was written on a server that is not this one
+        self.unsubscribe()
+        self.server_epoch += 1
+        self.server_up_since_s = self.clock.now_s
         # a snapshot is taken before its action runs: what that action did is lost with the rest
         self.gone_leases = {o: at for o, at in self.gone_leases.items() if at < snapshot.at_action}
         self.snapshots = [s for s in self.snapshots if s.at_action < snapshot.at_action]
+
+    def push_malformed(self) -> bool:
+        """A node's password (or a buggy producer) pushes an item that is not one of draftgen's messages."""
+        self.admin.lpush(GENERATE_QUEUE, self.rng.choice(malformed_items(real_generate_item())))
+        return True
+
+    def forge_a_record(self) -> bool:
+        """A node's password writes the hand-over keys directly (HSETNX on staged, ZADD on its index, as its
+        ACL allows): bytes that are no record, another prompt's completion, or one of an id never enqueued."""
+        keys = RunKeys(RUN)
+        under, other = self.rng.sample([one.id for one in self.prompts], 2)  # a record of its own id, whole,
+        field, blob = self.rng.choice(  # is a lie no reader can tell: a node may always write wrong answers
+            [
+                (under, b"\x28\xb5\x2f\xfd not a whole frame"),
+                (under, encode_blob(completion(other))),
+                ("never-enqueued", encode_blob(completion("never-enqueued"))),
+            ]
+        )
+        if not self.admin.hsetnx(keys.staged, field, blob):
+            return False
+        self.forged.add(field)
+        self.admin.zadd(keys.staged_index, {field: self.clock.now_s}, nx=True)
+        return True
 
     def duplicate_a_message(self) -> bool:
         waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)

@@ -1,14 +1,23 @@
 """What must hold after every step of an explored schedule, and at its end.
 
 After every step:
-- no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice);
+- no prompt is in two stored batches (two enqueues, or an enqueue and a requeue, batched it twice), a
+  finished batch's kept body counting as one (a quarantined prompt re-opens it);
+- no kept body of a finished batch holds a prompt that still needs generating (nothing would generate it);
 - no lease a holder gave up (handed back, or finished) is held again in Redis by that holder;
 - the output commits no prompt twice, and none both as a completion and as a dead letter;
 - `status` says `finished` only when the output holds every prompt Redis counts as enqueued;
-- no conversation staged, done or dead still has turns kept for a resume.
-At the end, once faults have stopped and the fleet has worked on: the output alone (no Redis) holds
-every input prompt exactly once, committed or dead-lettered, every committed conversation holds all its
-turns in order, no turns are kept any more, and `status` says `finished`.
+- no conversation staged, done or dead still has turns kept for a resume;
+- no live generate worker is told its seat was taken, and no seat is taken from a live holder (a second
+  worker started on a live GPU label, a worker restarted after a kill, around Redis dropping every
+  subscription and losing its last writes);
+- no live worker renews a lease that no execution of it holds any more (a batch that ended in any way,
+  the function library missing included, gave its lease back);
+- no message of draftgen's own is parked as malformed.
+At the end, once faults have stopped and the fleet has worked on: no malformed message is left queued
+(each was parked, or lost with the rest); the output alone (no Redis) holds every input prompt exactly
+once, committed or dead-lettered, and no id the input lacks (a forged staged record's); every committed
+conversation holds all its turns in order, no turns are kept any more, and `status` says `finished`.
 """
 
 from __future__ import annotations
@@ -27,24 +36,38 @@ from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.message_check import why_malformed
+from workers.state.queues import GENERATE_QUEUE
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 
-# The stored batches and the lease holders, in one round trip: this runs after every action.
+# The stored batches (open, and finished ones' kept bodies), the lease holders, and the prompts a kept
+# finished body holds unsettled, in one round trip: this runs after every action.
 _BATCHES_AND_HOLDERS = """
+local function settled(id)
+  return redis.call('SISMEMBER', KEYS[3], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1
+    or redis.call('HEXISTS', KEYS[5], id) == 1
+end
 local blobs = {}
-local cursor = '0'
-repeat
-  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
-  cursor = page[1]
-  for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
-until cursor == '0'
+for pattern = 1, 2 do
+  local cursor = '0'
+  repeat
+    local page = redis.call('SCAN', cursor, 'MATCH', ARGV[pattern], 'COUNT', 1000)
+    cursor = page[1]
+    for _, name in ipairs(page[2]) do table.insert(blobs, redis.call('GET', name)) end
+  until cursor == '0'
+end
 local settled_but_kept = {}
 for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
-  if redis.call('SISMEMBER', KEYS[3], id) == 1 or redis.call('HEXISTS', KEYS[4], id) == 1
-    or redis.call('HEXISTS', KEYS[5], id) == 1 then
-    table.insert(settled_but_kept, id)
+  if settled(id) then table.insert(settled_but_kept, id) end
+end
+local finished_unsettled = {}
+local finished = redis.call('HGETALL', KEYS[6])
+for i = 1, #finished, 2 do
+  if redis.call('EXISTS', ARGV[3] .. finished[i + 1]) == 1 and not settled(finished[i]) then
+    table.insert(finished_unsettled, finished[i])
   end
 end
-return {blobs, redis.call('HGETALL', KEYS[1]), settled_but_kept}
+return {blobs, redis.call('HGETALL', KEYS[1]), settled_but_kept, finished_unsettled}
 """
 
 
@@ -55,31 +78,68 @@ class Invariants:
         self._fleet = fleet
         self._keys = RunKeys(RUN)
         self._manifest_seen = -1
+        self._in_output: set[str] = set()  # prompts the output holds, committed or dead-lettered
         self._said_at: tuple[int, bool] = (-1, False)  # (action, whether status said finished)
         self._read = fleet.admin.register_script(_BATCHES_AND_HOLDERS)
         self.checked = 0
 
     def after_step(self) -> list[str]:
         keys = self._keys
-        blobs, holders, settled_but_kept = self._read(
-            keys=[keys.lease_owners, keys.turns, keys.done, keys.staged, keys.dead],
-            args=[f"{keys.batches_prefix}*"],
+        finished_prefix = keys.finished_batch("")
+        blobs, holders, settled_but_kept, finished_unsettled = self._read(
+            keys=[keys.lease_owners, keys.turns, keys.done, keys.staged, keys.dead, keys.finished_prompts],
+            args=[f"{keys.batches_prefix}*", f"{finished_prefix}*", finished_prefix],
         )
         found = [
             *self._batches(blobs),
             *self._revived_leases(dict(zip(holders[::2], holders[1::2], strict=True))),
             *self._output(),
             *self._status(),
-            *(f"conversation {raw.decode()} is settled and still has turns kept" for raw in settled_but_kept),
+            *(
+                f"conversation {raw.decode()} is settled and still has turns kept"
+                for raw in settled_but_kept
+                if raw.decode() not in self._fleet.forged  # a forger writes staged, and no turns go
+            ),
+            *(
+                f"prompt {raw.decode()} is unsettled in a finished batch"
+                for raw in finished_unsettled
+                if raw.decode() not in self._in_output  # committed: Redis forgot it, a flush adopts it again
+            ),
+            *self._seats(),
+            *self._leaked_leases(),
+            *self._parked(),
         ]
-        self.checked += 5
+        self.checked += 9
         return found
+
+    def _parked(self) -> list[str]:
+        """No message of draftgen's own is parked."""
+        found = list(self._fleet.bus.parked_ours)
+        self._fleet.bus.parked_ours.clear()
+        return found
+
+    def _seats(self) -> list[str]:
+        """No live worker is told its seat was taken, and no seat is taken from a live holder."""
+        fleet = self._fleet
+        found = [*fleet.seat_losses, *fleet.seat_violations]
+        fleet.seat_losses.clear()
+        fleet.seat_violations.clear()
+        return found
+
+    def _leaked_leases(self) -> list[str]:
+        """No live worker renews a lease that no execution of it holds any more."""
+        return [
+            f"{worker.process.name} renews the lease of batch {lease.batch_id}, held by no execution of it"
+            for worker in self._fleet.workers
+            if not worker.process.dead
+            for lease in worker.unaccounted_leases()
+        ]
 
     def _batches(self, blobs: list[bytes]) -> list[str]:
         holder: dict[str, str] = {}
         found: list[str] = []
         for blob in blobs:
-            batch = decode_blob(blob, PromptBatch)
+            batch = decode_blob(blob, PromptBatch, limit_bytes=RECORD_LIMIT_BYTES)
             for one in batch.prompts:
                 if one.id in holder:
                     found.append(f"prompt {one.id} is in batches {holder[one.id]} and {batch.batch_id}")
@@ -103,6 +163,7 @@ class Invariants:
             return []
         self._manifest_seen = listed
         record = read_committed(self._fleet.store)
+        self._in_output = set(record.completed) | set(record.dead)
         found = [f"prompt {p} committed {n} times" for p, n in record.completed.items() if n > 1]
         found += [f"prompt {p} dead-lettered {n} times" for p, n in record.dead_occurrences.items() if n > 1]
         found += [f"prompt {p} committed and dead-lettered" for p in set(record.completed) & set(record.dead)]
@@ -141,7 +202,14 @@ class Invariants:
         lacking = sorted(wanted - set(held))
         if lacking:
             found.append(f"the output lacks input prompts {lacking}")
+        foreign = sorted(set(held) - wanted)
+        if foreign:
+            found.append(f"the output holds ids the input lacks: {foreign}")
         found += self._conversations()
+        queued = self._fleet.admin.lrange(GENERATE_QUEUE, 0, -1)
+        left = [raw for raw in queued if why_malformed(raw, GENERATE_QUEUE)]
+        if left:
+            found.append(f"{len(left)} malformed messages were never taken off the queue")
         if self._fleet.admin.hlen(self._keys.turns):
             found.append(f"turns are still kept of {self._fleet.admin.hkeys(self._keys.turns)}")
         if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:

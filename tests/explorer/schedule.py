@@ -7,6 +7,9 @@ before every command or pipeline until the scheduler grants it the turn. Exactly
 time, so the interleaving of all processes' Redis calls is chosen by the scheduler's seeded generator
 alone, and a failing schedule replays from its seed.
 
+A step that sleeps (a seat watched by a newcomer) parks at a "sleep" call: it waits for time to pass
+rather than for Redis, and the explorer wakes it as rarely as time passes.
+
 A process is killed (SIGKILL) between two of its Redis calls: its parked threads get `Killed` from the
 gate instead of their turn, and every later call of the dead process raises it again, so `finally`
 blocks that talk to Redis do nothing, as in a process that is gone.
@@ -51,6 +54,7 @@ class Step:
     ended: bool = False
     error: BaseException | None = None
     calls: int = 0
+    parked_at: str = ""  # the call it waits to make ("sleep": it waits for time to pass, not for Redis)
 
 
 _current = threading.local()
@@ -79,6 +83,7 @@ class Scheduler:
             if step.process.dead:
                 raise Killed
             step.parked, step.granted = True, False
+            step.parked_at = label
             self._running = None
             self._cv.notify_all()
             self._cv.wait_for(lambda: step.granted or step.kill)

@@ -3,13 +3,16 @@ enqueue, two generate workers, their tails, renewals and reconcile passes, and t
 processes killed between any two Redis calls, messages duplicated and lost, and Redis rolled back.
 
 `scripts/test --explore N` runs N schedules from a fresh random seed; a failure prints its seed, and
-`DRAFTGEN_EXPLORE_SEED=<seed> scripts/test --explore 1` replays it, call for call.
+`DRAFTGEN_EXPLORE_SEED=<seed> scripts/test --explore 1` replays it, call for call. CI runs SCHEDULES_IN_CI
+fixed schedules and COMMIT_SCHEDULES_IN_CI more from a seed the commit's hash gives, so each commit
+explores new schedules, and any of them replays from the seed printed.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import subprocess
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,28 +23,50 @@ import redis
 from producer import enqueue
 from tests.explorer.explorer import explore
 from tests.explorer.fleet import InlineExecutor, NoRenewer
+from workers.recovery import seat
 
 pytestmark = pytest.mark.integration
 
-# ~2.5 minutes on two idle cores (each schedule: ~800 actions, 5 checks after each; 1.3 s a schedule since
-# enqueues run in parts and the input repeats every prompt)
-SCHEDULES_IN_CI = 120
+# ~3 minutes on two idle cores (each schedule: ~1,000 actions, 8 checks after each; ~2 s a schedule since
+# workers take seats, and the function library and Redis's subscriptions can be lost)
+SCHEDULES_IN_CI = 80  # the same every time: a net under what was found
+COMMIT_SCHEDULES_IN_CI = 24  # new ones with each commit, from a seed its hash gives: replayable
 # Room for a machine six times slower than idle: a busy CI runner, or `--explore N` under load.
 TIMEOUT_PER_SCHEDULE_S = 15
-CI_FIRST_SEED = 0  # CI replays the same schedules every time; `--explore` picks new ones
+CI_FIRST_SEED = 0
 FRESH_SEEDS = 2**31
+COMMIT_SEED_HEX_DIGITS = 7
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-def first_seed(environ: Mapping[str, str]) -> int:
-    """A replay's seed; else a fresh one when schedules were asked for by number; else CI's."""
+def commit_seed() -> int | None:
+    """The seed the checked-out commit gives (its hash's first hex digits), or None outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return int(head[:COMMIT_SEED_HEX_DIGITS], 16)
+
+
+def seed_ranges(environ: Mapping[str, str], from_commit: int | None) -> list[range]:
+    """A replay's schedules; else fresh ones when schedules were asked for by number; else CI's: the fixed
+    ones, and the commit's."""
     if environ.get("DRAFTGEN_EXPLORE_SEED"):
-        return int(environ["DRAFTGEN_EXPLORE_SEED"])
+        first = int(environ["DRAFTGEN_EXPLORE_SEED"])
+        return [range(first, first + int(environ.get("DRAFTGEN_EXPLORE_SCHEDULES", "1")))]
     if "DRAFTGEN_EXPLORE_SCHEDULES" in environ:
-        return random.SystemRandom().randrange(FRESH_SEEDS)
-    return CI_FIRST_SEED
+        first = random.SystemRandom().randrange(FRESH_SEEDS)
+        return [range(first, first + int(environ["DRAFTGEN_EXPLORE_SCHEDULES"]))]
+    fixed = range(CI_FIRST_SEED, CI_FIRST_SEED + SCHEDULES_IN_CI)
+    if from_commit is None:
+        return [fixed]
+    return [fixed, range(from_commit, from_commit + COMMIT_SCHEDULES_IN_CI)]
 
 
-SCHEDULES = int(os.environ.get("DRAFTGEN_EXPLORE_SCHEDULES", SCHEDULES_IN_CI))
+RANGES = seed_ranges(os.environ, commit_seed())
+SCHEDULES = sum(len(seeds) for seeds in RANGES)
 
 
 @pytest.mark.timeout(SCHEDULES * TIMEOUT_PER_SCHEDULE_S)
@@ -50,13 +75,13 @@ def test_no_explored_schedule_loses_duplicates_or_strands_a_prompt(
 ) -> None:
     monkeypatch.setattr(enqueue, "ThreadPoolExecutor", InlineExecutor)
     monkeypatch.setattr(enqueue, "PeriodicThread", NoRenewer)
-    schedules = SCHEDULES
-    first = first_seed(os.environ)
-    print(f"exploring {schedules} schedules from seed {first}")
+    monkeypatch.setattr(seat, "PeriodicThread", NoRenewer)  # a seat's keeper turns when the schedule says
+    monkeypatch.setattr(seat, "RECONNECT_BACKOFF_CAP_S", 0.0)  # its reconnects wait on no real clock
+    print("exploring " + ", ".join(f"{len(seeds)} schedules from seed {seeds.start}" for seeds in RANGES))
     admin = redis.Redis.from_url(redis_url)
     faults: Counter[str] = Counter()
     actions = checks = in_parts = 0
-    for seed in range(first, first + schedules):
+    for seed in (seed for seeds in RANGES for seed in seeds):
         admin.flushall()
         result, trace = explore(seed, redis_url, tmp_path / f"out-{seed}")
         faults += result.faults
@@ -66,8 +91,9 @@ def test_no_explored_schedule_loses_duplicates_or_strands_a_prompt(
         assert not result.violations, (
             result.describe(trace) + f"\nreplay: DRAFTGEN_EXPLORE_SEED={seed} scripts/test --explore 1"
         )
+    starts = ", ".join(str(seeds.start) for seeds in RANGES)
     print(
-        f"explored {schedules} schedules from seed {first}: {actions} actions, {checks} invariant checks, "
+        f"explored {SCHEDULES} schedules from seed {starts}: {actions} actions, {checks} invariant checks, "
         f"{in_parts} enqueues in parts, faults {dict(faults)} "
-        f"({sum(faults.values()) / schedules:.1f} a schedule)"
+        f"({sum(faults.values()) / SCHEDULES:.1f} a schedule)"
     )

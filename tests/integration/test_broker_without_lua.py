@@ -12,14 +12,16 @@ import redis
 from kombu import Connection, Exchange, Queue
 from redis.exceptions import LockNotOwnedError
 
+from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.broker_without_lua import RedisWithoutLuaLocks
+from workers.state.dispatch import CeleryDispatcher
+from workers.state.queues import GENERATE_QUEUE
 
 pytestmark = pytest.mark.integration
 
 SCRIPTLESS = "scriptless"
 SCRIPTLESS_PASSWORD = "scriptless-password"
-QUEUE_NAME = "no-lua"
 EXPIRING_S = 10.0  # a queue declared with x-expires, as Celery's remote-control queues are
 LOCK_S = 5.0
 DEADLINES = "_kombu.binding_deadlines"
@@ -63,16 +65,15 @@ def test_a_message_past_its_visibility_timeout_comes_back_to_its_queue(
     connection = Connection(
         scriptless_url, transport=TRANSPORT_PATH, transport_options={"visibility_timeout": 0}
     )
-    queue = Queue(QUEUE_NAME, Exchange(QUEUE_NAME, type="direct"), routing_key=QUEUE_NAME, channel=connection)
-    queue.declare()
+    sender = sending_app(BrokerOptions(scriptless_url, visibility_timeout_s=0, unacked_restore_interval_s=10))
+    CeleryDispatcher(sender).generate("run-1", "batch-1")
     channel = connection.default_channel
-    channel.basic_publish(channel.prepare_message("batch-1"), exchange=QUEUE_NAME, routing_key=QUEUE_NAME)
-    taken = queue.get(no_ack=False)
-    assert taken is not None and redis_client.llen(QUEUE_NAME) == 0
+    taken = Queue(GENERATE_QUEUE, channel=channel).get(no_ack=False)
+    assert taken is not None and redis_client.llen(GENERATE_QUEUE) == 0
 
     channel.qos.restore_visible(num=1)
 
-    assert redis_client.llen(QUEUE_NAME) == 1
+    assert redis_client.llen(GENERATE_QUEUE) == 1
     assert not redis_client.exists("unacked_mutex")  # the restore lock was given up
     channel.qos.restore_at_shutdown = False
     connection.release()

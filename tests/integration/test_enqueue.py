@@ -28,6 +28,7 @@ from workers.record.uploader import Uploader
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
@@ -64,7 +65,11 @@ def rows(count: int, start: int = 0) -> list[object]:
 
 def prompts_in_batches(client: redis.Redis, batch_ids: list[str]) -> list[str]:
     keys = RunKeys(RUN)
-    return [p.id for b in batch_ids for p in decode_blob(client.get(keys.batch(b)), PromptBatch).prompts]
+    return [
+        p.id
+        for b in batch_ids
+        for p in decode_blob(client.get(keys.batch(b)), PromptBatch, limit_bytes=RECORD_LIMIT_BYTES).prompts
+    ]
 
 
 def test_every_prompt_lands_in_exactly_one_published_batch(redis_client: redis.Redis, tmp_path: Path) -> None:

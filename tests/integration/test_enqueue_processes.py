@@ -28,6 +28,7 @@ from workers.state.broker import sending_app
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.queues import GENERATE_QUEUE
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
@@ -93,7 +94,7 @@ def batched(client: redis.Redis, run: str) -> dict[str, list[str]]:
     keys = RunKeys(run)
     held: dict[str, list[str]] = {}
     for key in client.scan_iter(match=f"{keys.batches_prefix}*", count=1000):
-        for prompt in decode_blob(client.get(key), PromptBatch).prompts:
+        for prompt in decode_blob(client.get(key), PromptBatch, limit_bytes=RECORD_LIMIT_BYTES).prompts:
             held.setdefault(prompt.id, []).append(prompt.messages[-1].content)
     return held
 

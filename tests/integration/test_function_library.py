@@ -95,3 +95,38 @@ def test_a_user_that_may_not_load_them_calls_them_once_the_producer_has(
     acquired, _lease = LeaseKeeper(fcall_only_client, worker="w").acquire("r", "b0")
 
     assert acquired is Acquired.FINISHED  # no batch b0: the answer of the function, not an error
+
+
+class DeletedAfterLoading(redis.Redis):
+    """A client whose loads another process undoes, the first `times` times (a FUNCTION DELETE or FLUSH
+    landing between a load and the call after it)."""
+
+    times = 0
+
+    def function_load(self, *args: object, **kwargs: object) -> object:
+        loaded = super().function_load(*args, **kwargs)  # type: ignore[arg-type]
+        if DeletedAfterLoading.times > 0:
+            DeletedAfterLoading.times -= 1
+            self.function_delete(LIBRARY.name)
+        return loaded
+
+
+def test_a_call_whose_functions_are_deleted_again_right_after_it_loaded_them_loads_them_again(
+    redis_url: str,
+) -> None:
+    DeletedAfterLoading.times = 1
+    client = DeletedAfterLoading.from_url(redis_url)
+    client.function_flush()
+
+    lease = LeaseKeeper(client, worker="w").acquire("a-run", "no-such-batch")
+
+    assert lease[0] is Acquired.FINISHED and LIBRARY.name in loaded_libraries(client)
+
+
+def test_functions_deleted_every_time_they_are_loaded_are_missing_not_a_redis_error(redis_url: str) -> None:
+    DeletedAfterLoading.times = 100
+    client = DeletedAfterLoading.from_url(redis_url)
+    client.function_flush()
+
+    with pytest.raises(FunctionsMissing, match="again each time they were loaded"):
+        LeaseKeeper(client, worker="w").acquire("a-run", "no-such-batch")

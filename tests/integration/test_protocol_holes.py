@@ -42,6 +42,7 @@ from workers.settings import WorkerSettings
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
@@ -73,7 +74,7 @@ def enqueue(client: redis.Redis, settings: RunSettings, store: ObjectStore, ids:
 def stored_batch(client: redis.Redis, batch_id: str) -> PromptBatch:
     blob = client.get(RunKeys(RUN).batch(batch_id))
     assert blob is not None
-    return decode_blob(blob, PromptBatch)
+    return decode_blob(blob, PromptBatch, limit_bytes=RECORD_LIMIT_BYTES)
 
 
 def letter(prompt_id: str) -> DeadLetter:

@@ -34,7 +34,7 @@ from producer.enqueue import Enqueuer
 from tests.support import prompt_files
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
-from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user, start_redis_head
+from tests.support.redis_head import GPU_NODES, RedisHead, RoleStack, node_user
 from tests.support.stack import simulators
 from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 from workers.errors import SeatRefused
@@ -69,14 +69,6 @@ SUBSCRIBE_ANSWER_S = 2.0
 ATTACKER_TOKEN = "a" * 32  # a seat token of the attacker's own, as uuid4().hex has
 LONG_S = 3600.0
 HEARTBEAT_TTL_S = 30
-
-
-@pytest.fixture(scope="module")
-def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisHead]:
-    root = tmp_path_factory.mktemp("redis-head")
-    head = start_redis_head(root, root)
-    yield head
-    head.stop()
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,7 @@ from tests.support.bad_inputs import (
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.record_limits import RECORD_LIMIT_BYTES
 
 pytestmark = pytest.mark.integration
 
@@ -709,6 +710,6 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
     batched = Counter(
         prompt.id
         for key in world.client.scan_iter(f"{keys.batches_prefix}*")
-        for prompt in decode_blob(world.client.get(key), PromptBatch).prompts
+        for prompt in decode_blob(world.client.get(key), PromptBatch, limit_bytes=RECORD_LIMIT_BYTES).prompts
     )
     assert batched == Counter(str(row["id"]) for row in rows(ALL_ROWS))  # each in one batch

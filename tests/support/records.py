@@ -12,6 +12,7 @@ from inference.records import (
     Timings,
     Usage,
 )
+from workers.state.codec import zstd
 
 
 def prompt(prompt_id: str, text: str | None = None, row: int = 1, file: str = "") -> Prompt:
@@ -38,3 +39,15 @@ def completion(prompt_id: str, *, content: str = "\n\nanswer", size: int = 0) ->
         attempt=1,
         quality=Quality.OK,
     )
+
+BOMB_CHUNK_BYTES = 1 << 20
+
+
+def zstd_bomb(prompt_id: str, *, inflates_to_bytes: int) -> bytes:
+    """A staged record of a few KB that inflates to `inflates_to_bytes`: a stream whose frame declares no
+    size, so only a decompressor with a ceiling stops it."""
+    compressor = zstd.ZstdCompressor(level=3)
+    chunks = [compressor.compress(b'{"prompt_id":"' + prompt_id.encode() + b'","content":"')]
+    chunk = b"a" * BOMB_CHUNK_BYTES
+    chunks += [compressor.compress(chunk) for _ in range(inflates_to_bytes // BOMB_CHUNK_BYTES)]
+    return b"".join(chunks) + compressor.flush()

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import getpass
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devstack.local_stack import PROJECT_ROOT, REDIS_CONF, ManagedProcess, free_port, start_celery_worker
+from inference.simulator import SimulatorProcess
 from tests.support.stack import Stack
 from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
 
@@ -92,6 +96,16 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
     return RedisHead(process, {user: url_in_env_file(etc / f"redis-{user}.env") for user in users})
 
 
+@contextmanager
+def redis_head_running(root: Path) -> Iterator[RedisHead]:
+    """`start_redis_head`, stopped when the block ends (a module fixture's yield)."""
+    head = start_redis_head(root, root)
+    try:
+        yield head
+    finally:
+        head.stop()
+
+
 @dataclass
 class RoleStack(Stack):
     """A Stack whose generate workers and uploader each connect as their own Redis user
@@ -124,3 +138,26 @@ class RoleStack(Stack):
             name, "upload", env, self.log_dir, concurrency=1, mingle_and_gossip=True
         )
         return self.uploader
+
+
+@contextmanager
+def node_stack_running(
+    head: RedisHead, log_dir: Path, sims: list[SimulatorProcess], **options: Any
+) -> Iterator[RoleStack]:
+    """A RoleStack started on `head`: the generate workers as GPU node GPU_NODES[0]'s user, the uploader as
+    its own, the producer's commands as the producer; stopped when the block ends."""
+    urls = head.urls
+    host = GPU_NODES[0]
+    stack = RoleStack(
+        urls["producer"],
+        log_dir,
+        sims,
+        worker_url=urls[node_user(host)],
+        worker_host=host,
+        uploader_url=urls["uploader"],
+        **options,
+    )
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()

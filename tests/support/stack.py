@@ -24,6 +24,7 @@ from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPL
 from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.parked_messages import parked_counts, recent_parked
 from workers.state.runs import decode_run_settings
 
 README_WORKER_ENV = {  # over FAST_WORKER_ENV: the README's defaults, for scenarios that must hold as shipped
@@ -53,9 +54,12 @@ class Stack:
     generators: list[ManagedProcess] = field(default_factory=list)
     uploader: ManagedProcess | None = None
     uploads_started: int = 0
+    malformed_sent: bool = False  # a test that pushes malformed messages expects some parked
+    fast: bool = True  # FAST_WORKER_ENV; False: the workers run with the README's defaults
 
     def env(self, **extra: str) -> dict[str, str]:
-        return worker_env(self.redis_url, {**FAST_WORKER_ENV, **self.extra_env, **extra})
+        fast = FAST_WORKER_ENV if self.fast else {}
+        return worker_env(self.redis_url, {**fast, **self.extra_env, **extra})
 
     def start_generator(self, gpu: int) -> ManagedProcess:
         sim = self.sims[gpu]
@@ -111,6 +115,14 @@ class Stack:
                 for p in [*self.generators, *([self.uploader] if self.uploader else [])]
             )
             raise AssertionError(f"{error}: {ledger.counts()}\n{logs}") from error
+        self.assert_none_of_ours_parked()
+
+    def assert_none_of_ours_parked(self) -> None:
+        """draftgen's own messages are never parked: a check too strict would park them, and the reconciler
+        would hide it (it dispatches a batch whose message is gone again, a minute later)."""
+        client = redis.Redis.from_url(self.redis_url)
+        if not self.malformed_sent and parked_counts(client):
+            raise AssertionError(f"messages parked as malformed: {recent_parked(client, limit=5)}")
 
     def verify(self, run: str) -> subprocess.CompletedProcess[str]:
         return self.producer("verify", "--run", run)

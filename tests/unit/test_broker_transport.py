@@ -6,36 +6,45 @@ transport's link to the connection settings), the channels after.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import hashlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Exchange, Queue
+from kombu import Connection, Queue
+from kombu.transport import redis as kombu_redis
 
 from workers.app import make_app
 from workers.settings import WorkerSettings
+from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH, Transport
+from workers.state.dispatch import CeleryDispatcher
+from workers.state.queues import GENERATE_QUEUE
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
-QUEUE_NAME = "broker-transport-test"
-
-
-def queue_for(connection: Connection) -> Queue:
-    return Queue(QUEUE_NAME, Exchange(QUEUE_NAME, type="direct"), routing_key=QUEUE_NAME, channel=connection)
+RUN, BATCH = "run-1", "batch-1"
+# kombu 5.7.0's methods ours repeat, changed only where an item is decoded (see broker_transport.py):
+# the first 16 hex digits of the SHA-256 of their source.
+REPEATED_KOMBU_METHODS: dict[Callable[..., Any], str] = {
+    kombu_redis.Channel._brpop_read: "c42518699709f2df",
+    kombu_redis.Channel._get: "be26a9f1eb4cf8da",
+    kombu_redis.Channel._receive_one: "d59b8751d89757dc",
+    kombu_redis.Channel._restore: "92e63e38835b6592",
+    kombu_redis.QoS.restore_by_tag: "58e161d81b6fe18d",
+}
 
 
 @pytest.fixture
 def unacked_channel(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Connection, object]]:
-    """A channel holding one message it received and did not ack, its connection then closed."""
+    """A channel holding one generate message it received and did not ack, its connection then closed."""
     connection = Connection(redis_url, transport=request.param)
-    queue = queue_for(connection)
-    queue.declare()
-    connection.default_channel.basic_publish(
-        connection.default_channel.prepare_message("batch-1"), exchange=QUEUE_NAME, routing_key=QUEUE_NAME
-    )
+    app = sending_app(BrokerOptions(redis_url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
+    CeleryDispatcher(app).generate(RUN, BATCH)
     channel = connection.channel()
-    message = queue.bind(channel).get(no_ack=False)
-    assert message is not None and message.body == b"batch-1"
+    message = Queue(GENERATE_QUEUE, channel=channel).get(no_ack=False)
+    assert message is not None and message.payload[0] == [RUN, BATCH]
     connection.transport.client = None  # what kombu's Connection._do_close_transport does first
     yield connection, channel
     connection.release()
@@ -58,7 +67,7 @@ def test_our_channel_gives_the_unacked_message_back_to_its_queue(
 ) -> None:
     _, channel = unacked_channel
     channel.close()  # type: ignore[attr-defined]
-    assert redis_client.lrange(QUEUE_NAME, 0, -1) != []
+    assert redis_client.lrange(GENERATE_QUEUE, 0, -1) != []
 
 
 def test_a_channel_that_never_connected_fails_with_an_error_celery_reconnects_from(redis_url: str) -> None:
@@ -76,3 +85,13 @@ def test_the_celery_app_uses_our_transport_for_every_redis_url_and_keeps_the_sch
         assert connection.transport_cls in ("redis", "rediss")
         assert isinstance(connection.transport, Transport)
         assert connection.as_uri().startswith(url.split("://")[0] + "://")
+
+
+@pytest.mark.parametrize("method", list(REPEATED_KOMBU_METHODS), ids=lambda method: method.__qualname__)
+def test_the_kombu_methods_our_channel_repeats_are_those_it_was_written_from(
+    method: Callable[..., Any],
+) -> None:
+    # A kombu release that changed one: carry its change into workers/state/broker_transport.py, then here.
+    assert (
+        hashlib.sha256(inspect.getsource(method).encode()).hexdigest()[:16] == REPEATED_KOMBU_METHODS[method]
+    )

@@ -13,9 +13,10 @@ import pytest
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
-from inference.records import Message, Origin, Quality, SamplingSettings, Usage
+from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
+from workers.errors import RecordTooLarge
 from workers.generate.generation import (
     CONTEXT_HEADROOM_TOKENS,
     REASON_EXHAUSTED,
@@ -443,3 +444,32 @@ def test_a_batch_says_it_is_sent_once_its_last_prompt_is_at_the_server_long_befo
     for prompt_id in ("p2", "p3", "p4", "p5"):
         server.releaser(prompt_id).set()
     assert job.outcome().staged == 6
+
+
+class RefusingLargeRecords(Recorder):
+    """A hand-over that refuses one prompt's completion as past the record limit, as RunLedger.stage does."""
+
+    def __init__(self, too_large: str) -> None:
+        super().__init__()
+        self._too_large = too_large
+
+    def stage(self, completion: Completion) -> bool:
+        if completion.prompt_id == self._too_large:
+            raise RecordTooLarge("its record is 70,000,000 bytes, past the record limit")
+        return super().stage(completion)
+
+
+def test_a_completion_past_the_record_limit_is_dead_lettered_not_handed_over(
+    engine: GenerationEngine, server: FakeServer
+) -> None:
+    for prompt_id in ("huge", "fine"):
+        server.releaser(prompt_id).set()
+    recorder = RefusingLargeRecords("huge")
+
+    outcome = engine.submit_batch(
+        "r", [prompt("huge"), prompt("fine")], SamplingSettings(), recorder
+    ).outcome()
+
+    assert (outcome.staged, outcome.dead_lettered) == (1, 1)
+    assert [(letter.prompt_id, letter.reason) for letter in recorder.dead] == [("huge", "record_too_large")]
+    assert "past the record limit" in recorder.dead[0].error

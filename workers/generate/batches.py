@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Protocol
 import redis
 
 from inference.records import DeadLetter, DeadLetterReason, PromptBatch
-from workers.errors import RetryLater, RunBroken
+from workers.errors import RecordUnreadable, RetryLater, RunBroken
 from workers.generate.generation import BatchOutcome, Truncation
 from workers.generate.quality_gate import check_quality_gate
 from workers.recovery.leases import Acquired, Lease, defer_batch, finish_batch
 from workers.state.codec import decode_blob
 from workers.state.control import PAUSED_RETRY_S, pause_state
 from workers.state.ledger import RunLedger
+from workers.state.quarantine import Quarantine, QuarantineKind, QuarantineReason, quarantined, unreadable
+from workers.state.record_limits import batch_body_limit_bytes
 
 if TYPE_CHECKING:
     import threading
@@ -138,7 +140,8 @@ def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
         return _nothing(batch_id, "held by another worker")
     try:
         return _generate_leased(ctx, ledger, lease)
-    except RetryLater:
+    except RetryLater as error:  # a hand-back gave the lease up; anything else asking to retry did not
+        ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         raise
     except redis.RedisError:
         ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)
@@ -157,9 +160,12 @@ def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> Batc
     if blob is None:  # finished between the lease and now
         ctx.leases.abandon(lease)
         return _nothing(batch_id, "already finished")
-    batch = decode_blob(blob, PromptBatch)
-    pending = ledger.pending(batch.prompts)
     settings = ctx.run_settings(run)
+    batch = read_batch(ctx.redis, run, batch_id, blob, batch_size=settings.batch_size)
+    if batch is None:  # quarantined, its lease with it
+        ctx.leases.abandon(lease)
+        return _nothing(batch_id, "quarantined: its body cannot be trusted")
+    pending = ledger.pending(batch.prompts)
     truncation = Truncation(settings.truncated_thinking, settings.retry_max_tokens_cap)
     if pending:
         ctx.engine.origin = ctx.server_record.refresh()
@@ -223,6 +229,7 @@ def _settle_tail(
         report = _settle(ctx, lease, batch, pending, done.result())
     except RetryLater as error:
         log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
+        ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s)
         return
     except redis.RedisError:
@@ -247,13 +254,41 @@ def _hand_back(ctx: BatchContext, lease: Lease, why: str, *, delay_s: float) -> 
     raise RetryLater(f"batch {lease.batch_id}: {why}", delay_s=delay_s)
 
 
+def read_batch(
+    client: redis.Redis, run: str, batch_id: str, blob: bytes, *, batch_size: int
+) -> PromptBatch | None:
+    """The batch a body holds, or None once the body is quarantined: it cannot be read, or it holds
+    another batch (its prompts are then held by no batch, and an `enqueue` re-run batches them again)."""
+    limit = batch_body_limit_bytes(batch_size)
+    try:
+        batch = decode_blob(blob, PromptBatch, limit_bytes=limit)
+    except RecordUnreadable as error:
+        entry = unreadable(QuarantineKind.BATCH, batch_id, blob, error, inflated_limit_bytes=limit)
+    else:
+        if batch.batch_id == batch_id and batch.run == run:
+            return batch
+        entry = quarantined(
+            QuarantineKind.BATCH,
+            batch_id,
+            blob,
+            QuarantineReason.BATCH_ID_MISMATCH,
+            f"under {batch_id!r} of run {run!r}, it holds batch {batch.batch_id!r} of run {batch.run!r}",
+            inflated_limit_bytes=limit,
+        )
+    Quarantine(client, run).batch(entry)
+    log.error("batch %s of run %s quarantined (%s: %s)", batch_id, run, entry.reason, entry.detail)
+    return None
+
+
 def dead_letter_batch(ctx: BatchContext, run: str, batch_id: str, error: str) -> int:
     """Give up on a batch that keeps failing: its remaining prompts go to the dead-letter set."""
     ledger = RunLedger(ctx.redis, run)
     blob = ctx.redis.get(ledger.keys.batch(batch_id))
     if blob is None:
         return 0
-    batch = decode_blob(blob, PromptBatch)
+    batch = read_batch(ctx.redis, run, batch_id, blob, batch_size=ctx.run_settings(run).batch_size)
+    if batch is None:
+        return 0
     letters = [
         DeadLetter(
             prompt_id=p.id,

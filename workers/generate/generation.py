@@ -43,6 +43,7 @@ from inference.records import (
     Turn,
 )
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
+from workers.errors import RecordTooLarge
 from workers.generate.liveness import Outage
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Steadiness, TrialSettings
@@ -60,6 +61,7 @@ REASON_REJECTED = "rejected_by_server"
 REASON_EXHAUSTED = "failed_every_attempt"
 REASON_TRUNCATED = "truncated_in_thinking"
 REASON_POISON = DeadLetterReason.POISON_PROMPT.value
+REASON_TOO_LARGE = DeadLetterReason.RECORD_TOO_LARGE.value
 # SGLang adds speculative decoding's reserved tokens, max(topk * steps, draft tokens), to the input
 # before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
 # out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.
@@ -416,7 +418,7 @@ class GenerationEngine:
         completion = await self._answer(job, prompt)
         if completion is None or await self._dropped(job, prompt, completion):
             return
-        await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+        await self._stage(job, prompt, completion)
 
     async def _conversation(self, job: _Job, prompt: Prompt) -> None:
         """Every turn in order, each request holding the answers before it; one seat of the window for
@@ -439,10 +441,17 @@ class GenerationEngine:
                     whole = msgspec.structs.replace(
                         completion, earlier_turns=finished, conversation_turns=count
                     )
-                    await self._hand_over(job.handover.stage, whole, job.outcome, dead=False)
+                    await self._stage(job, prompt, whole)
                     return
                 finished.append(completion.as_turn())
                 await asyncio.to_thread(job.handover.keep_turns, prompt.id, finished)
+
+    async def _stage(self, job: _Job, prompt: Prompt, completion: Completion) -> None:
+        """Hand the completion over; one past the record limit is dead-lettered (it would never commit)."""
+        try:
+            await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+        except RecordTooLarge as error:
+            await self._dead_letter(job, prompt, REASON_TOO_LARGE, str(error), attempts=completion.attempt)
 
     async def _dropped(self, job: _Job, prompt: Prompt, completion: Completion) -> bool:
         """Dead-letter a completion truncated in thinking when the run's policy drops those."""

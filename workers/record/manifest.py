@@ -7,7 +7,9 @@ other object under `data/` or `dead/` is an orphan of an interrupted flush, remo
 `python -m producer gc`.
 
 Beside them, written by the uploader before the entry that needs it: `servers/<id>.json`, the facts
-of each server the part's rows name (see inference/server_facts.py). Written by `enqueue`:
+of each server the part's rows name (see inference/server_facts.py); and before it takes them out of
+Redis, `quarantine/<sha>.jsonl`: the records it kept apart (workers/state/quarantine.py), never listed
+in the manifest and never read as data. Written by `enqueue`:
 `run.json` (the pinned settings), `enqueued/` (the ids each enqueue step claimed, with the
 fingerprints of the explicit ones) and `rejected/` (the rows it refused). Their keys derive from their
 content, so a re-run writes the same objects again: each is complete the moment it exists, and needs
@@ -31,6 +33,7 @@ DEAD_PREFIX = "dead/"
 ENQUEUED_PREFIX = "enqueued/"
 REJECTED_PREFIX = "rejected/"
 SERVERS_PREFIX = "servers/"
+QUARANTINE_PREFIX = "quarantine/"
 CHECKSUM_PREFIX_CHARS = 16
 
 

@@ -1,12 +1,16 @@
 """Flushing a run's staged completions and dead letters into committed objects.
 
 One flush at a time per run (a Redis lock with a token). Each part: choose the oldest staged
-completions (up to a count and a byte budget) and dead letters (up to the same count), write their
-objects under content-derived keys, create the part's manifest entry if absent (the commit point),
-then mark its prompts done and its dead letters committed in Redis in one atomic step. A flush
-interrupted after the manifest entry is adopted by the next one, so nothing is committed twice.
-Nothing of a run is written to an output whose run.json does not name that run and that output
-(workers/record/output_pin.py): the run is paused instead.
+completions (up to a count and a byte budget, counted as stored and as inflated) and dead letters (up
+to the same count), each held against its field and the run (workers/record/record_checks.py): those
+that cannot be trusted are quarantined (kept in the output under `quarantine/`, then taken off the
+upload path, a real prompt's finished batch re-opened to generate it again), the rest written under
+content-derived keys; then the part's manifest entry is created if absent (the commit point), and its
+prompts marked done and its dead letters committed in Redis in one atomic step. A flush interrupted
+after the manifest entry is adopted by the next one, so nothing is committed twice. After each part the
+kept bodies of finished batches whose prompts are all committed are forgotten
+(workers/record/finished_bodies.py). Nothing of a run is written to an output whose run.json does not
+name that run and that output (workers/record/output_pin.py): the run is paused instead.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import redis
 
 from inference.records import Completion, DeadLetter
-from workers.errors import ObjectMissing, RetryLater, RunBroken, UploadLockLost
+from inference.server_facts import ServerFacts, encode_facts, facts_id
+from workers.errors import ObjectMissing, RecordUnreadable, RetryLater, RunBroken, UploadLockLost
+from workers.record.finished_bodies import FinishedBodies
 from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import (
     ManifestEntry,
@@ -37,18 +43,34 @@ from workers.record.manifest import (
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import OutputPin
 from workers.record.parquet_io import completions_to_parquet
+from workers.record.quarantine_output import write_quarantined
 from workers.record.reading import read_part
+from workers.record.record_checks import (
+    Checked,
+    RunView,
+    judge_dead_letter,
+    judge_staged,
+    named,
+    read_views,
+)
 from workers.record.upload_settings import UploadSettings
-from workers.state.codec import decode_blob
+from workers.state.codec import decode_json
 from workers.state.keys import SERVERS_KEY
 from workers.state.ledger import RunLedger
 from workers.state.protocol import Scripts
+from workers.state.quarantine import STALE, Quarantine, QuarantinedRecord, QuarantineKind, Regeneration
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES, batch_body_limit_bytes
 from workers.state.redis_client import redis_now_s
+from workers.state.runs import load_run_settings
 
 log = logging.getLogger(__name__)
 
 LOCK_BUSY_RETRY_S = 5.0
 MS_PER_S = 1000
+# A part's completions inflated may hold this many times its byte budget (zstd keeps JSON with token ids
+# to about a third): past it a part is not text, and the uploader's memory stays bounded whatever is staged.
+INFLATED_BYTES_PER_STORED_BYTE = 4
+STALE_LOOKS = 3  # looks for a quarantined prompt's finished batch while batches finish meanwhile
 
 
 @dataclass
@@ -57,13 +79,27 @@ class FlushReport:
     completions: int = 0
     adopted_parts: int = 0
     dead_letters: int = 0
+    quarantined: int = 0
+    reopened_batches: list[str] = field(default_factory=list)  # for the caller to dispatch
+    finished_bodies_forgotten: int = 0
+
+
+Suspects = list[Checked[Completion] | Checked[DeadLetter]]  # records judged not to be trusted
 
 
 @dataclass(frozen=True)
 class Selection:
-    prompt_ids: list[str]
-    blobs: list[bytes]
+    completions: list[Completion]
     dead_letters: list[DeadLetter]
+    quarantined: Suspects
+
+    @property
+    def prompt_ids(self) -> list[str]:
+        return [completion.prompt_id for completion in self.completions]
+
+    @property
+    def committable(self) -> bool:
+        return bool(self.completions or self.dead_letters)
 
 
 class Uploader:
@@ -76,6 +112,7 @@ class Uploader:
         self._scripts = Scripts.register(client)
         self._servers_written: set[tuple[str, str]] = set()  # (output URL, facts id)
         self._output_pin = OutputPin(client)
+        self._finished_bodies = FinishedBodies(client, self._scripts)
 
     def flush(self, run: str) -> FlushReport:
         """Commit every part that is due. Raises RetryLater when another flush holds the run.
@@ -90,16 +127,27 @@ class Uploader:
         if not self.client.set(ledger.keys.upload_lock, token, nx=True, px=lock_ms):
             raise RetryLater(f"another flush of run {run!r} is running", delay_s=LOCK_BUSY_RETRY_S)
         try:
+            body_limit_bytes = batch_body_limit_bytes(load_run_settings(self.client, run).batch_size)
             while (selection := self._due(ledger)) is not None:
                 if not self._scripts.extend_lock(keys=[ledger.keys.upload_lock], args=[token, lock_ms]):
                     raise UploadLockLost(f"upload lock of {run!r} expired", delay_s=LOCK_BUSY_RETRY_S)
-                self._commit_part(ledger, store, token, selection, report)
+                self._quarantine(ledger, store, token, selection.quarantined, report)
+                if selection.committable:
+                    self._commit_part(ledger, store, token, selection, report)
+                    report.finished_bodies_forgotten += self._forget_finished(
+                        ledger, store, token, body_limit_bytes
+                    )
+            if not report.parts and self._upload_path_empty(ledger):
+                report.finished_bodies_forgotten += self._forget_finished(
+                    ledger, store, token, body_limit_bytes
+                )
         finally:
             self._scripts.release_lock(keys=[ledger.keys.upload_lock], args=[token])
         return report
 
     def _due(self, ledger: RunLedger) -> Selection | None:
-        """The next part if one is due: full by count or bytes, its oldest record old, or the run drained."""
+        """The next part if one is due: full by count or bytes, its oldest record old, or the run drained;
+        each record judged (those not to be trusted are the selection's `quarantined`)."""
         keys = ledger.keys
         most = self.settings.max_completions
         oldest = self.client.zrange(keys.staged_index, 0, most - 1, withscores=True)
@@ -117,32 +165,138 @@ class Uploader:
         )
         if not due:
             return None
-        chosen_ids, chosen_blobs = self._completions(keys.staged, [m.decode() for m, _ in oldest])
-        dead_ids = [member.decode() for member, _score in oldest_dead]
-        letters = [
-            msgspec.json.decode(raw, type=DeadLetter)
-            for raw in (self.client.hmget(keys.dead, dead_ids) if dead_ids else [])
-            if raw is not None
-        ]
-        if not chosen_ids and not letters:
-            return None
-        return Selection(chosen_ids, chosen_blobs, letters)
+        staged_ids, unnamed = named([member for member, _score in oldest], QuarantineKind.STAGED)
+        dead_ids, unnamed_dead = named([member for member, _score in oldest_dead], QuarantineKind.DEAD_LETTER)
+        completions, suspects = self._completions(ledger, staged_ids)
+        letters, bad_letters = self._dead_letters(ledger, dead_ids)
+        selection = Selection(completions, letters, [*unnamed, *suspects, *unnamed_dead, *bad_letters])
+        return selection if selection.committable or selection.quarantined else None
 
-    def _completions(self, staged_key: str, ids: list[str]) -> tuple[list[str], list[bytes]]:
-        """The oldest staged completions that fit the byte budget (at least one)."""
-        blobs = self.client.hmget(staged_key, ids) if ids else []
-        chosen_ids: list[str] = []
-        chosen_blobs: list[bytes] = []
-        total = 0
-        for prompt_id, blob in zip(ids, blobs, strict=True):
-            if blob is None:
-                continue
-            if chosen_blobs and total + len(blob) > self.settings.max_bytes:
+    def _completions(self, ledger: RunLedger, ids: list[str]) -> tuple[list[Completion], Suspects]:
+        """The oldest staged completions that fit the byte budget, stored and inflated (at least one),
+        and the records met on the way that are not to be trusted."""
+        chosen: list[Completion] = []
+        suspects: Suspects = []
+        stored = inflated = 0
+        for prompt_id, blob, view in self._with_views(ledger, ledger.keys.staged, ids):
+            if chosen and blob is not None and stored + len(blob) > self.settings.max_bytes:
                 break
-            chosen_ids.append(prompt_id)
-            chosen_blobs.append(blob)
-            total += len(blob)
-        return chosen_ids, chosen_blobs
+            checked = judge_staged(prompt_id, blob, view)
+            if checked.record is None:  # what refusing it inflated counts too: a part of bombs stays short
+                suspects.append(checked)
+                inflated += checked.inflated_bytes
+                if inflated > self._inflated_budget_bytes:
+                    break
+                continue
+            if chosen and inflated + checked.inflated_bytes > self._inflated_budget_bytes:
+                break
+            chosen.append(checked.record)
+            stored += len(blob or b"")
+            inflated += checked.inflated_bytes
+        return chosen, suspects
+
+    def _with_views(
+        self, ledger: RunLedger, key: str, ids: list[str]
+    ) -> list[tuple[str, bytes | None, RunView]]:
+        """Each id with its record in the hash `key` (None when missing) and what the run holds of it."""
+        if not ids:
+            return []
+        raws = self.client.hmget(key, ids)
+        views = read_views(self.client, ledger.keys, ids, staged=False)  # not what the checks ask
+        return list(zip(ids, raws, views, strict=True))
+
+    @property
+    def _inflated_budget_bytes(self) -> int:
+        return self.settings.max_bytes * INFLATED_BYTES_PER_STORED_BYTE
+
+    def _dead_letters(self, ledger: RunLedger, ids: list[str]) -> tuple[list[DeadLetter], Suspects]:
+        letters: list[DeadLetter] = []
+        suspects: Suspects = []
+        for prompt_id, raw, view in self._with_views(ledger, ledger.keys.dead, ids):
+            checked = judge_dead_letter(prompt_id, raw, view)
+            if checked.record is None:
+                suspects.append(checked)
+            else:
+                letters.append(checked.record)
+        return letters, suspects
+
+    def _quarantine(
+        self,
+        ledger: RunLedger,
+        store: ObjectStore,
+        token: str,
+        suspects: Suspects,
+        report: FlushReport,
+    ) -> None:
+        """Keep the suspects apart: in the output first (the output is the record), then off the upload
+        path in Redis, a real prompt's finished batch re-opened."""
+        entries = [suspect.quarantined for suspect in suspects if suspect.quarantined is not None]
+        if not entries:
+            return
+        write_quarantined(store, entries)
+        quarantine = Quarantine(self.client, ledger.keys.run)
+        for suspect, entry in zip(suspects, entries, strict=True):
+            became, batch_id = self._quarantine_one(quarantine, token, entry, suspect)
+            if became is Regeneration.REOPENED and batch_id not in report.reopened_batches:
+                report.reopened_batches.append(batch_id)
+            log.error(
+                "run %s: %s %s quarantined (%s: %s); its prompt: %s",
+                ledger.keys.run,
+                entry.kind,
+                entry.id,
+                entry.reason,
+                entry.detail,
+                became.value,
+            )
+            report.quarantined += 1
+
+    def _quarantine_one(
+        self,
+        quarantine: Quarantine,
+        token: str,
+        entry: QuarantinedRecord,
+        suspect: Checked[Completion] | Checked[DeadLetter],
+    ) -> tuple[Regeneration, str]:
+        """What became of the entry's prompt, and the finished batch that held it ('' for none)."""
+        for _look in range(STALE_LOOKS):
+            batch_id = quarantine.finished_batch_of(suspect.redis_field)
+            try:
+                became = quarantine.record(
+                    entry,
+                    lock_token=token,
+                    batch_id=batch_id,
+                    real_prompt=suspect.real_prompt,
+                    field=suspect.redis_field,
+                )
+            except redis.ResponseError as error:
+                if str(error).startswith(STALE):
+                    continue
+                raise UploadLockLost(
+                    f"quarantine of {entry.id} refused: {error}", delay_s=LOCK_BUSY_RETRY_S
+                ) from error
+            return became, batch_id
+        raise RetryLater(
+            f"the batch of {entry.id} kept finishing while it was quarantined", delay_s=LOCK_BUSY_RETRY_S
+        )
+
+    def _forget_finished(
+        self, ledger: RunLedger, store: ObjectStore, token: str, body_limit_bytes: int
+    ) -> int:
+        try:
+            return self._finished_bodies.forget_committed(
+                ledger.keys,
+                token,
+                body_limit_bytes=body_limit_bytes,
+                keep_in_output=lambda entries: write_quarantined(store, entries),
+            )
+        except redis.ResponseError as error:
+            raise UploadLockLost(
+                f"finished bodies of {ledger.keys.run}: {error}", delay_s=LOCK_BUSY_RETRY_S
+            ) from error
+
+    def _upload_path_empty(self, ledger: RunLedger) -> bool:
+        counts = ledger.counts()
+        return counts.staged == 0 and counts.dead_pending == 0
 
     def _commit_part(
         self, ledger: RunLedger, store: ObjectStore, token: str, selection: Selection, report: FlushReport
@@ -158,8 +312,8 @@ class Uploader:
             committed_at=time.time(),
             run=run,
         )
-        if selection.blobs:
-            completions = [decode_blob(blob, Completion) for blob in selection.blobs]
+        if selection.completions:
+            completions = selection.completions
             self._write_server_facts(store, completions)
             data = completions_to_parquet(completions)
             checksum = hashlib.sha256(data).hexdigest()
@@ -222,9 +376,24 @@ class Uploader:
         """Each server the rows name gets its facts in the output once, before any entry points at them."""
         named = {c.origin.server for c in completions if c.origin.server is not None}
         for identity in sorted(named - {i for url, i in self._servers_written if url == store.url}):
-            facts = self.client.hget(SERVERS_KEY, identity)
+            facts = self._server_facts(identity)
             if facts is None:
-                log.warning("server facts %s are not in Redis: rows naming them keep the id only", identity)
                 continue
             store.put_if_absent(server_key(identity), facts)
             self._servers_written.add((store.url, identity))
+
+    def _server_facts(self, identity: str) -> bytes | None:
+        """A server's facts as Redis holds them, when they are facts and the ones their id names."""
+        raw = self.client.hget(SERVERS_KEY, identity)
+        if raw is None:
+            log.warning("server facts %s are not in Redis: rows naming them keep the id only", identity)
+            return None
+        try:
+            facts = decode_json(raw, ServerFacts, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+        except RecordUnreadable as error:
+            log.error("server facts %s cannot be read, not written to the output: %s", identity, error)
+            return None
+        if facts_id(facts) != identity:
+            log.error("server facts %s are not the facts their id names: not written to the output", identity)
+            return None
+        return encode_facts(facts)

@@ -18,6 +18,7 @@ none, because it judges its lease by its own monotonic clock.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import threading
@@ -31,9 +32,12 @@ import msgspec
 import redis
 
 from inference.records import Record
+from workers.errors import FunctionsMissing, RecordUnreadable
 from workers.periodic import PeriodicThread
+from workers.state.codec import decode_json
 from workers.state.keys import RunKeys
 from workers.state.protocol import Scripts
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +64,8 @@ class LeaseHolder(Record, frozen=True):
 
 def decode_holder(raw: bytes | str) -> LeaseHolder | None:
     try:
-        return msgspec.json.decode(raw, type=LeaseHolder)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        return decode_json(raw, LeaseHolder, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    except RecordUnreadable:
         return None
 
 
@@ -127,8 +131,32 @@ class LeaseKeeper:
 
     def release(self, lease: Lease, *, delay_s: float) -> bool:
         """Hand the batch back unfinished; its retry comes in `delay_s`. False when another execution
-        holds it now (then the batch is that one's, and this message is simply acknowledged)."""
+        holds it now (then the batch is that one's, and this message is simply acknowledged).
+        When Redis cannot take the hand-back (away, or without the protocol's functions), the renewal
+        thread makes it once Redis can, and the error is raised: the lease is never renewed again."""
         self._forget(lease)
+        try:
+            return self._release_in_redis(lease, delay_s)
+        except (redis.RedisError, FunctionsMissing):
+            with self._lock:
+                self._releases_due[lease] = delay_s
+            raise
+
+    def release_soon(self, lease: Lease, *, delay_s: float) -> None:
+        """Hand the batch back now, or, while Redis cannot take it, from the renewal thread once it can:
+        the batch's retry then finds it free rather than leased by this ended execution."""
+        with contextlib.suppress(redis.RedisError, FunctionsMissing):
+            self.release(lease, delay_s=delay_s)
+
+    def release_if_held(self, lease: Lease, *, delay_s: float) -> None:
+        """Hand the batch back unless this execution already gave its lease up (handed back, finished or
+        abandoned): what every path that leaves a batch unfinished calls, whatever ended it."""
+        with self._lock:
+            held = lease in self._held
+        if held:
+            self.release_soon(lease, delay_s=delay_s)
+
+    def _release_in_redis(self, lease: Lease, delay_s: float) -> bool:
         keys = RunKeys(lease.run)
         return bool(
             self._scripts.release_lease(
@@ -136,15 +164,6 @@ class LeaseKeeper:
                 args=[lease.batch_id, lease.holder.owner, delay_s],
             )
         )
-
-    def release_soon(self, lease: Lease, *, delay_s: float) -> None:
-        """Hand the batch back now, or, while Redis is away, from the renewal thread once it is back:
-        the batch's retry then finds it free rather than leased by this ended execution."""
-        try:
-            self.release(lease, delay_s=delay_s)
-        except redis.RedisError:
-            with self._lock:
-                self._releases_due[lease] = delay_s
 
     def finish(self, lease: Lease, prompt_ids: Sequence[str]) -> list[str]:
         """Every prompt is handed over: the batch and its lease go. Returns the prompts Redis does not
@@ -171,7 +190,7 @@ class LeaseKeeper:
         with self._lock:
             due = list(self._releases_due.items())
         for lease, delay_s in due:
-            self.release(lease, delay_s=delay_s)
+            self._release_in_redis(lease, delay_s)
             with self._lock:
                 self._releases_due.pop(lease, None)
         with self._lock:
@@ -222,9 +241,9 @@ def finish_batch(
     prompt_ids: Sequence[str],
     scripts: Scripts | None = None,
 ) -> list[str]:
-    """The batch is done (or given up): its prompts, lease, place among open batches and failures go,
-    once Redis holds every one of `prompt_ids` as staged, committed or dead. Returns those it does not
-    (and then changes nothing)."""
+    """The batch is done (or given up): its lease, place among open batches and failures go, and its body
+    is kept finished until its prompts are committed, once Redis holds every one of `prompt_ids` as
+    staged, committed or dead. Returns those it does not (and then changes nothing)."""
     keys = RunKeys(run)
     unsettled = (scripts or Scripts.register(client)).finish_batch(
         keys=[
@@ -236,6 +255,9 @@ def finish_batch(
             keys.done,
             keys.staged,
             keys.dead,
+            keys.finished_batch(batch_id),
+            keys.finished_batches,
+            keys.finished_prompts,
         ],
         args=[batch_id, *prompt_ids],
     )

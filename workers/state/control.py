@@ -13,7 +13,10 @@ import msgspec
 import redis
 
 from inference.records import Record
+from workers.errors import RecordUnreadable
+from workers.state.codec import decode_json
 from workers.state.keys import RunKeys
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 PAUSED_RETRY_S = 30.0  # a worker handed a paused run's batch sends it back to the queue this late
 PAUSED_BY_USER = "user"
@@ -40,8 +43,8 @@ def pause_state(client: redis.Redis, run: str) -> PauseState | None:
     if raw is None:
         return None
     try:
-        return msgspec.json.decode(raw, type=PauseState)
-    except msgspec.DecodeError:
+        return decode_json(raw, PauseState, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    except RecordUnreadable:
         shown = raw[:UNREADABLE_NOTE_SHOWN_BYTES].decode(errors="replace")
         reason = f"paused with an unreadable note: {shown!r}"
         return PauseState(reason=reason, by=PAUSED_BY_UNKNOWN, at=time.time())  # when it was read: no better

@@ -9,8 +9,8 @@ Loaded functions persist in the AOF and RDB, unlike the script cache.
 The library and its functions carry a short hash of the library's source (`draftgen_<sha8>_stage`), so
 during a rolling upgrade old and new code each call their own version. Loading is a plain FUNCTION LOAD,
 and "already exists" means another process loaded the same source first. A call that finds its
-function missing loads the library and calls again; a user that may not load raises FunctionsMissing,
-which names the command that loads it.
+function missing loads the library and calls again (a few times: the library may be deleted again
+meanwhile); a user that may not load raises FunctionsMissing, which names the command that loads it.
 
 Declared keys: FCALL checks every key a function declares for writing, so a function declares only the
 keys it writes. The keys it only reads travel by name among its arguments, after a layout (one letter per
@@ -36,6 +36,7 @@ REST = "*"  # after a letter: that letter for every remaining key (scripts takin
 HASH_CHARS = 8
 LOAD_COMMAND = "python -m producer load-functions"
 _FUNCTION_NOT_FOUND = "Function not found"
+LOAD_ATTEMPTS = 3  # a call that finds its function missing loads the library and calls again, this often
 _ALREADY_EXISTS = "already exists"
 
 # Rebuilds the KEYS and ARGV a script was written for from the declared keys and the arguments of a
@@ -144,13 +145,17 @@ class LibraryFunction:
 
     def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None) -> Any:
         declared, arguments = self._split(list(keys or ()), list(args or ()))
-        try:
-            return self._call(declared, arguments)
-        except redis.ResponseError as error:
-            if not str(error).startswith(_FUNCTION_NOT_FOUND):
-                raise
-        self._library.load(self._client)
-        return self._call(declared, arguments)
+        for _ in range(LOAD_ATTEMPTS):
+            try:
+                return self._call(declared, arguments)
+            except redis.ResponseError as error:
+                if not str(error).startswith(_FUNCTION_NOT_FOUND):
+                    raise
+            self._library.load(self._client)
+        raise FunctionsMissing(
+            f"Redis lost draftgen's functions {self._library.name} again each time they were loaded "
+            f"({LOAD_ATTEMPTS} times): is something deleting them (FUNCTION DELETE, FUNCTION FLUSH)?"
+        )
 
     def _split(self, keys: list[Any], args: list[Any]) -> tuple[list[Any], list[Any]]:
         if not self._script.key_access:

@@ -9,7 +9,10 @@ import msgspec
 import redis
 
 from inference.records import Record
+from workers.errors import RecordUnreadable
+from workers.state.codec import decode_json
 from workers.state.keys import WORKER_HEARTBEAT_PATTERN
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 from workers.state.redis_client import values_matching
 
 HEARTBEAT_INTERVAL_S = 5.0
@@ -39,8 +42,8 @@ def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:
 def decode_heartbeat(raw: bytes) -> WorkerHeartbeat | None:
     """The heartbeat, or None for a value that is not one (an older or foreign writer)."""
     try:
-        return msgspec.json.decode(raw, type=WorkerHeartbeat)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        return decode_json(raw, WorkerHeartbeat, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    except RecordUnreadable:
         return None
 
 

@@ -19,6 +19,9 @@ EXIT_NOTES_KEY_PREFIX = (
     f"{KEY_PREFIX}:exits:"  # + GPU label: why its worker ended itself to be restarted (TTL)
 )
 SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
+# Malformed messages a consumer took off a queue or heard on a channel (workers/state/parked_messages.py):
+PARKED_MESSAGES_KEY = f"{KEY_PREFIX}:parked_messages"  # list, newest first, trimmed: each one's JSON record
+PARKED_COUNTS_KEY = f"{KEY_PREFIX}:parked_message_counts"  # hash "<queue>|<reason>" -> parked ever
 RUN_NAME_MAX_CHARS = 128
 # Buckets of a run's ids (RunKeys.ids). Small hashes stay compact listpacks: deploy/redis.conf lets one
 # hold 512 fields of up to 128 bytes, so up to ~30M ids a run cost their id and holder and little more.
@@ -64,6 +67,11 @@ EXIT_NOTES_PATTERN = EXIT_NOTES_KEY_PREFIX + "*/*"  # labels hold a "/", as for 
 def seat_key(label: str) -> str:
     """Which process holds a GPU label's seat: its token."""
     return SEATS_KEY_PREFIX + label
+
+
+def seat_seen_key(label: str) -> str:
+    """When a GPU label's seat holder last showed it lives, on which Redis server (recovery/seat_stamp.py)."""
+    return seat_key(label) + ":seen"
 
 
 def seat_channel_prefix(label: str) -> str:
@@ -131,6 +139,28 @@ class RunKeys:
     def batches_prefix(self) -> str:
         """What every batch key of the run starts with (to SCAN for them)."""
         return self._key("batch:")
+
+    def finished_batch(self, batch_id: str) -> str:
+        """A finished batch's body, kept (FINISH_BATCH renames `batch` to it) until every prompt of it is
+        committed: a prompt quarantined meanwhile re-opens the batch to be generated again."""
+        return self._key(f"finished_batch:{batch_id}")
+
+    @property
+    def finished_batches(self) -> str:
+        """Sorted set of the batch ids whose body is kept finished, by when the uploader last judged them
+        (Redis clock, seconds): the least recently judged are looked at first."""
+        return self._key("finished_batches")
+
+    @property
+    def finished_prompts(self) -> str:
+        """Hash prompt id -> the finished batch that carried it, while that batch's body is kept."""
+        return self._key("finished_prompts")
+
+    @property
+    def quarantined(self) -> str:
+        """Hash `<kind>:<id>` -> a record read back that could not be trusted (JSON, state/quarantine.py):
+        kept apart with its reason, never committed, never marked done."""
+        return self._key("quarantined")
 
     @property
     def open_batches(self) -> str:

@@ -7,18 +7,26 @@ prompt half-moved, and each is idempotent, so a redelivered message can replay i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from typing import TypeVar
 
 import msgspec
 import redis
 
 from inference.records import Completion, DeadLetter, Origin, Prompt, Turn
-from workers.state.codec import decode_blob, encode_blob
+from workers.errors import RecordTooLarge, RecordUnreadable
+from workers.state.codec import compress, decode_blob, decode_json, encode_blob, encode_json
 from workers.state.keys import RunKeys
 from workers.state.poison import EVIDENCE_MAX_BYTES, Evidence, decode_evidence, encode_evidence
 from workers.state.protocol import Scripts
+from workers.state.record_limits import (
+    DEAD_LETTER_ERROR_MAX_CHARS,
+    RECORD_LIMIT_BYTES,
+    SMALL_RECORD_LIMIT_BYTES,
+)
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,
@@ -31,6 +39,9 @@ from workers.state.stats_fields import (
     finish_field,
     quality_field,
 )
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BUCKETS_PER_READ = 1024
 SCAN_COUNT = 10_000
@@ -81,7 +92,13 @@ class RunLedger:
         ]
 
     def stage(self, completion: Completion) -> bool:
-        """Hand a completion to the upload path and count it; False when the prompt already had one."""
+        """Hand a completion to the upload path and count it; False when the prompt already had one.
+        RecordTooLarge when its record is past the record limit: the uploader would refuse it."""
+        record = encode_json(completion)
+        if len(record) > RECORD_LIMIT_BYTES:
+            raise RecordTooLarge(
+                f"its record is {len(record):,} bytes, past the record limit of {RECORD_LIMIT_BYTES:,}"
+            )
         keys = [
             self.keys.done,
             self.keys.dead,
@@ -95,7 +112,7 @@ class RunLedger:
         turns = completion.turns()
         args: list[str | bytes | int] = [
             completion.prompt_id,
-            encode_blob(completion),
+            compress(record),
             quality_field(completion.quality.value),
             finish_field(completion.finish_reason),
             sum(turn.usage.completion_tokens for turn in turns),
@@ -122,15 +139,16 @@ class RunLedger:
         return bool(self._scripts.keep_turns(keys=keys, args=[prompt_id, encode_blob(turns)]))
 
     def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]:
-        """The finished turns kept of these conversations (those with none are left out)."""
-        if not prompt_ids:
-            return {}
-        raws = self.client.hmget(self.keys.turns, list(prompt_ids))
-        return {
-            prompt_id: decode_blob(raw, list[Turn])
-            for prompt_id, raw in zip(prompt_ids, raws, strict=True)
-            if raw is not None
-        }
+        """The finished turns kept of these conversations (those with none are left out). Turns that
+        cannot be read are dropped: that conversation starts over."""
+        kept, unreadable = self._each_readable(
+            self.keys.turns,
+            prompt_ids,
+            lambda raw: decode_blob(raw, list[Turn], limit_bytes=RECORD_LIMIT_BYTES),
+        )
+        if unreadable:
+            self.client.hdel(self.keys.turns, *unreadable)
+        return kept
 
     def dead_letter(self, letter: DeadLetter) -> bool:
         keys = [
@@ -141,6 +159,8 @@ class RunLedger:
             self.keys.dead_pending,
             self.keys.turns,
         ]
+        if len(letter.error) > DEAD_LETTER_ERROR_MAX_CHARS:  # so that every dead letter fits its ceiling
+            letter = msgspec.structs.replace(letter, error=letter.error[:DEAD_LETTER_ERROR_MAX_CHARS] + "…")
         args = [letter.prompt_id, msgspec.json.encode(letter), dead_field(letter.reason)]
         return bool(self._scripts.dead_letter(keys=keys, args=args))
 
@@ -162,6 +182,24 @@ class RunLedger:
             for prompt_id, raw in zip(prompt_ids, raws, strict=True)
             if raw is not None
         }
+
+    def _each_readable(
+        self, key: str, prompt_ids: Sequence[str], decode: Callable[[bytes], T]
+    ) -> tuple[dict[str, T], list[str]]:
+        """Each prompt's value in the hash `key` that can be read, and the prompts whose value cannot."""
+        if not prompt_ids:
+            return {}, []
+        found: dict[str, T] = {}
+        unreadable: list[str] = []
+        for prompt_id, raw in zip(prompt_ids, self.client.hmget(key, list(prompt_ids)), strict=True):
+            if raw is None:
+                continue
+            try:
+                found[prompt_id] = decode(raw)
+            except RecordUnreadable as error:
+                log.warning("%s of %s cannot be read, left out: %s", key, prompt_id, error)
+                unreadable.append(prompt_id)
+        return found, unreadable
 
     def commit(
         self,
@@ -243,4 +281,11 @@ class RunLedger:
         )
 
     def dead_letters(self) -> list[DeadLetter]:
-        return [msgspec.json.decode(raw, type=DeadLetter) for raw in self.client.hvals(self.keys.dead)]
+        """Every dead letter Redis holds that can be read."""
+        letters = []
+        for raw in self.client.hvals(self.keys.dead):
+            try:
+                letters.append(decode_json(raw, DeadLetter, limit_bytes=SMALL_RECORD_LIMIT_BYTES))
+            except RecordUnreadable as error:
+                log.warning("a dead letter left out: %s", error)
+        return letters

@@ -8,7 +8,9 @@ workers/state/function_library.py), which declares to Redis only the keys a scri
 marked "read" below travel by name, and the script still finds them in KEYS, in the order listed. The
 Python faces are `workers.state.ledger.RunLedger` (stage, dead-letter, commit, recover),
 `producer.enqueue.Enqueuer` (classify, claim), `workers.record.uploader.Uploader` (the flush lock),
-`workers.recovery.leases` and `workers.recovery.reconciler`.
+`workers.state.quarantine.Quarantine` (records and batches kept apart),
+`workers.record.finished_bodies` (finished batches' kept bodies), `workers.recovery.leases` and
+`workers.recovery.reconciler`.
 """
 
 from __future__ import annotations
@@ -186,14 +188,21 @@ return kept
 # dead-lettered. Shared by COMMIT and MARK_COMMITTED, whose KEYS[1..6] are always done, staged,
 # staged_index, staged_bytes, dead, dead_pending; `turns` is the run's kept conversation turns, which a
 # committed prompt leaves too (a Redis that lost its last writes may still hold some of it).
-_MARK_COMMITTED_HELPERS = """
-local function leave_upload_path(id)
+_LEAVE_STAGED = """
+local function leave_staged(id)
   local size = redis.call('HSTRLEN', KEYS[2], id)
   if size > 0 then
     redis.call('HDEL', KEYS[2], id)
     redis.call('DECRBY', KEYS[4], size)
   end
   redis.call('ZREM', KEYS[3], id)
+end
+"""
+_MARK_COMMITTED_HELPERS = (
+    _LEAVE_STAGED
+    + """
+local function leave_upload_path(id)
+  leave_staged(id)
   redis.call('ZREM', KEYS[6], id)
 end
 -- committed as a completion: done, and no dead letter of it remains
@@ -210,6 +219,7 @@ local function mark_dead(id, letter, stats, field, turns)
   if redis.call('HSETNX', KEYS[5], id, letter) == 1 then redis.call('HINCRBY', stats, field, 1) end
 end
 """
+)
 
 # Commit one part: only while holding the upload lock, and only for the expected part number.
 # KEYS: done, staged, staged_index, staged_bytes, dead, dead_pending, upload_lock (read), next_part,
@@ -365,10 +375,16 @@ return 1
 # Every prompt of the batch is handed over (or dead-lettered): the batch and its bookkeeping go. Only
 # on Redis's word, not the worker's: a Redis that lost its last second of writes may have forgotten a
 # hand-over the worker saw acknowledged, and a batch deleted then would strand that prompt for good.
-# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done (read), staged (read), dead (read).
+# Its body is kept (renamed `finished_batch`, each prompt's batch noted in `finished_prompts`) until
+# the uploader has committed every prompt of it: a prompt quarantined meanwhile re-opens the batch
+# (QUARANTINE_RECORD). To ACQUIRE_LEASE and RENEW_LEASES the batch is gone, as before.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures, done (read), staged (read), dead (read),
+# finished_batch, finished_batches, finished_prompts.
 # ARGV: batch id, then the batch's prompt ids. Returns the ids neither done, staged nor dead: when
 # there are any, nothing is changed and the caller hands the batch back.
-FINISH_BATCH = """
+FINISH_BATCH = (
+    _REDIS_CLOCK
+    + """
 local unsettled = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
@@ -378,13 +394,109 @@ for i = 2, #ARGV do
   end
 end
 if #unsettled > 0 then return unsettled end
-redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('RENAME', KEYS[1], KEYS[9])
+  redis.call('ZADD', KEYS[10], redis_now(), ARGV[1])
+  for i = 2, #ARGV do redis.call('HSET', KEYS[11], ARGV[i], ARGV[1]) end
+end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
 return unsettled
 """
+)
+
+# --------------------------------------------------------------------------- quarantine (state/quarantine.py)
+
+# A staged completion or pending dead letter the uploader could not trust leaves the upload path, kept
+# apart with its reason; a real prompt it held is generated again: its finished batch is re-opened (the
+# generate worker skips the batch's settled prompts). A batch still open needs nothing: FINISH_BATCH
+# refuses it while the prompt is unsettled, and it is handed back. Only while holding the upload lock.
+# KEYS: done (read), staged, staged_index, staged_bytes, dead, dead_pending (the layout of COMMIT's),
+# upload_lock (read), quarantined, finished_prompts, finished_batches, open_batches, then the finished
+# body and the body of the batch the caller found in finished_prompts (keys of batch id '' when none).
+# ARGV: lock token, prompt id (the record's field), where it was ('staged' or 'dead'), the quarantine
+# field, the entry (JSON), the batch id the caller found ('' for none), '1' when the id is the run's.
+# Returns what became of the prompt: 'settled' (nothing to generate), 'reopened', 'open' (its batch is
+# being generated), 'unfinished' (no finished batch holds it: its batch is open, or gone with a Redis
+# rebuilt by `recover`), 'gone' (its finished body is lost); the error STALE when finished_prompts no
+# longer says what the caller found (a batch finished meanwhile: look again), or LOCK_LOST.
+QUARANTINE_RECORD = (
+    _REDIS_CLOCK
+    + _LEAVE_STAGED
+    + """
+if redis.call('GET', KEYS[7]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local id, batch = ARGV[2], ARGV[6]
+if (redis.call('HGET', KEYS[9], id) or '') ~= batch then return redis.error_reply('STALE') end
+if ARGV[3] == 'staged' then
+  leave_staged(id)
+elseif redis.call('ZREM', KEYS[6], id) == 1 then
+  redis.call('HDEL', KEYS[5], id)
+end
+redis.call('HSET', KEYS[8], ARGV[4], ARGV[5])
+if ARGV[7] ~= '1' or redis.call('SISMEMBER', KEYS[1], id) == 1 or redis.call('HEXISTS', KEYS[2], id) == 1
+    or redis.call('HEXISTS', KEYS[5], id) == 1 then
+  return 'settled'
+end
+if batch == '' then return 'unfinished' end
+if redis.call('EXISTS', KEYS[12]) == 0 then
+  if redis.call('EXISTS', KEYS[13]) == 1 then return 'open' end
+  return 'gone'
+end
+redis.call('RENAME', KEYS[12], KEYS[13])
+redis.call('ZREM', KEYS[10], batch)
+redis.call('ZADD', KEYS[11], redis_now(), batch)
+return 'reopened'
+"""
+)
+
+# A batch whose body cannot be read leaves the run's open batches, kept apart with its reason: its
+# prompts are then held by no batch, and an `enqueue` re-run batches them again.
+# KEYS: batch, open_batches, leases, lease_owners, batch_failures, quarantined. ARGV: batch id, the
+# quarantine field, the entry (JSON).
+QUARANTINE_BATCH = """
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HSET', KEYS[6], ARGV[2], ARGV[3])
+return 1
+"""
+
+# The uploader's judgement of kept finished bodies (workers/record/finished_bodies.py), only while it
+# holds the upload lock: the bodies whose every prompt is committed go (with their prompts' entries in
+# finished_prompts), unreadable ones go to the quarantine, and the rest are judged again last.
+# KEYS: upload_lock (read), finished_batches, finished_prompts, quarantined, then the body of each
+# batch forgotten, then of each dropped, in order. ARGV: lock token, the forgotten batches with their
+# prompt ids (JSON [[batch, [id, ...]], ...]), the dropped with their quarantine field and entry (JSON
+# [[batch, field, entry], ...]), the batches kept (JSON [batch, ...]). Returns how many were forgotten.
+FORGET_FINISHED = (
+    _REDIS_CLOCK
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('LOCK_LOST') end
+local forgotten, dropped, kept = cjson.decode(ARGV[2]), cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
+local body = 5
+for _, item in ipairs(forgotten) do
+  redis.call('DEL', KEYS[body])
+  body = body + 1
+  redis.call('ZREM', KEYS[2], item[1])
+  for _, id in ipairs(item[2]) do
+    if redis.call('HGET', KEYS[3], id) == item[1] then redis.call('HDEL', KEYS[3], id) end
+  end
+end
+for _, item in ipairs(dropped) do
+  redis.call('DEL', KEYS[body])
+  body = body + 1
+  redis.call('ZREM', KEYS[2], item[1])
+  redis.call('HSET', KEYS[4], item[2], item[3])
+end
+local now = redis_now()
+for _, batch in ipairs(kept) do redis.call('ZADD', KEYS[2], 'XX', now, batch) end
+return #forgotten
+"""
+)
 
 # --------------------------------------------------------------------------- reconciliation
 
@@ -472,7 +584,10 @@ LIBRARY = FunctionLibrary.of(
         LuaScript("acquire_lease", ACQUIRE_LEASE, key_access=_R + _W * 3),
         LuaScript("renew_leases", RENEW_LEASES, key_access=_W * 2 + _R + REST),
         LuaScript("release_lease", RELEASE_LEASE),
-        LuaScript("finish_batch", FINISH_BATCH, key_access=_W * 5 + _R * 3),
+        LuaScript("finish_batch", FINISH_BATCH, key_access=_W * 5 + _R * 3 + _W * 3),
+        LuaScript("quarantine_record", QUARANTINE_RECORD, key_access=_R + _W * 5 + _R + _W * 6),
+        LuaScript("quarantine_batch", QUARANTINE_BATCH),
+        LuaScript("forget_finished", FORGET_FINISHED, key_access=_R + _W + REST),
         LuaScript("expire_leases", EXPIRE_LEASES),
         LuaScript("redispatch", REDISPATCH, key_access=_W + _R),
         LuaScript("take_back_seat_leases", TAKE_BACK_SEAT_LEASES),
@@ -501,6 +616,9 @@ class Scripts:
     renew_leases: LibraryFunction
     release_lease: LibraryFunction
     finish_batch: LibraryFunction
+    quarantine_record: LibraryFunction
+    quarantine_batch: LibraryFunction
+    forget_finished: LibraryFunction
     expire_leases: LibraryFunction
     redispatch: LibraryFunction
     take_back_seat_leases: LibraryFunction

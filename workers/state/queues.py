@@ -18,3 +18,5 @@ FLUSH_TASK = "draftgen.flush"
 
 KOMBU_UNACKED_KEY = "unacked"
 KOMBU_UNACKED_INDEX_KEY = "unacked_index"
+EVENT_QUEUE_PREFIX = "celeryev."  # a process's queue of Celery events (`celeryev.<uuid>`), heard on Pub/Sub
+TASK_OF_QUEUE = {GENERATE_QUEUE: GENERATE_TASK, UPLOAD_QUEUE: FLUSH_TASK}  # the one task each queue carries

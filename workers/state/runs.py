@@ -8,8 +8,10 @@ import msgspec
 import redis
 
 from inference.records import Record, SamplingSettings, Turns
-from workers.errors import RunBroken
+from workers.errors import RecordUnreadable, RunBroken
+from workers.state.codec import decode_json
 from workers.state.keys import RunKeys
+from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
 DEFAULT_BATCH_SIZE = 32  # prompts per message: small, so a batch lives far below the visibility timeout
 DEFAULT_GATE_MIN_COMPLETIONS = 200
@@ -61,7 +63,8 @@ def encode_run_settings(settings: RunSettings) -> bytes:
 
 
 def decode_run_settings(raw: bytes) -> RunSettings:
-    return msgspec.json.decode(raw, type=RunSettings)
+    """RecordUnreadable for settings past their ceiling or that are not a run's settings."""
+    return decode_json(raw, RunSettings, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
 
 
 def differences(pinned: RunSettings, given: RunSettings) -> list[str]:
@@ -88,4 +91,7 @@ def load_run_settings(client: redis.Redis, run: str) -> RunSettings:
         raise RunBroken(
             f"run {run!r} has no settings in Redis: was it enqueued with `python -m producer enqueue`?"
         )
-    return decode_run_settings(raw)
+    try:
+        return decode_run_settings(raw)
+    except RecordUnreadable as error:
+        raise RunBroken(f"run {run!r}: its settings in Redis are unreadable: {error}") from error
