@@ -74,12 +74,20 @@ from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
 from workers.state.message_check import why_malformed
 from workers.state.parked_messages import park, parked_message
+from workers.state.poison import PoisonPolicy, Suspicion, TrialBegun, TrialEnd, TrialEnded, Verdict, describe
 from workers.state.protocol import LIBRARY
 from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.state.runs import RunSettings
 
 RUN = "explored"
-ANSWERED, REFUSED, UNANSWERED = "answered", "refused", "unanswered"
+ANSWERED, REFUSED, UNANSWERED, POISON = "answered", "refused", "unanswered", "dead-lettered as poison"
+POISON_POLICY = PoisonPolicy()  # the defaults, as workers run them
+TRIAL_STEADY_S = 3_600.0  # a server steady for an hour before a trial, failing once an hour
+TRIAL_UNSTEADY_S = 1.0  # a server that fails every second: its failures prove nothing
+TRIAL_FAILED_AFTER_S = 2.0
+# (steady before, back after) of an ordinary suspect's failed trial
+UNLUCKY_TRIALS = ((True, False), (False, True), (False, False))
+ACQUITTED_SHARE = 0.6  # an ordinary suspect completes its trial
 ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue_processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
@@ -140,6 +148,7 @@ class FleetShape:
     batch_size: int
     workers: int
     poisoned: bool  # one batch's prompts make every attempt raise unexpectedly
+    wedging: bool  # one prompt wedges its server whenever it is sent: a poison prompt to prove
 
 
 class FakeClock:
@@ -689,6 +698,9 @@ class Fleet:
             if shape.poisoned
             else set()
         )
+        ordinary = [p.id for p in self.prompts if not p.turn_ends and p.id not in self.poison_prompts]
+        self.wedging_prompt = rng.choice(ordinary) if shape.wedging and ordinary else None
+        self.trials = 0
         self.flush_requests: list[str] = []
         self.workers = [Worker(self, f"gpu{i}") for i in range(shape.workers)]
         self.uploader = UploaderProcess(self, "uploader")
@@ -714,7 +726,8 @@ class Fleet:
 
     def generate_one(self, job: ModelledJob, one: Prompt) -> None:
         """A prompt's requests, one per turn: each answered, refused (the prompt is dead-lettered) or
-        unanswered (left pending). The last turn's answer stages the prompt, whole."""
+        unanswered (left pending: a suspicion of the prompt, and a suspect's request is a trial, see
+        `_suspected`). The last turn's answer stages the prompt, whole."""
         finished = job.handover.kept_turns([one.id]).get(one.id, []) if one.turn_ends else []
         for turn in range(len(finished) + 1, one.turn_count + 1):
             if not job.still_held():
@@ -722,9 +735,15 @@ class Fleet:
                 job.outcome.last_error = "lease lost"
                 return
             fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
+            if one.id == self.wedging_prompt:
+                fate = UNANSWERED
+            if fate == UNANSWERED:
+                fate = self._suspected(job, one)
             if fate == UNANSWERED:
                 job.outcome.unreachable.append(one.id)
                 job.outcome.last_error = "no answer from the modelled server"
+                return
+            if fate == POISON:
                 return
             if fate == ANSWERED and turn < one.turn_count:
                 finished.append(completion(one.id, content=turn_answer(one.id, turn)).as_turn())
@@ -732,6 +751,59 @@ class Fleet:
                 continue
             self._settle_one(job, one, fate, turn, finished)
             return
+
+    def _suspected(self, job: ModelledJob, one: Prompt) -> str:
+        """A request that got no answer makes its prompt suspected (the `strike` function, as the engine
+        records it); a suspect is tried alone: its trial is recorded begun, then ended. The wedging prompt
+        fails every trial on a server that was steady before and comes back after (a conviction); another
+        prompt completes its trial (acquitted: answered) or fails one that proves nothing (the server did
+        not come back, or was not steady before). Three convictions dead-letter the prompt as poison.
+        Returns the request's fate: still unanswered, answered by its trial, or POISON."""
+        wedges = one.id == self.wedging_prompt
+        life = f"modelled#{self.rng.randrange(4)}"
+        suspicion = Suspicion(life=life, cause="hung" if wedges else "dropped", with_server=wedges, at=0.0)
+        evidence = job.handover.strike(one.id, suspicion)
+        if POISON_POLICY.judge(evidence) is not Verdict.TRIAL:
+            return UNANSWERED
+        self.trials += 1
+        # an ordinary prompt fails alone only with an outage of its server's own: never on a server steady
+        # before and back after (that, the rule says, is the prompt: the chance it is not is the residual)
+        steady, came_back = (True, True) if wedges else self.rng.choice(UNLUCKY_TRIALS)
+        up_s = TRIAL_STEADY_S if steady else TRIAL_UNSTEADY_S
+        begun = TrialBegun(
+            trial=f"trial-{self.trials}",
+            life=life,
+            started_at=0.0,
+            canary_before_s=1.0,
+            control_s=up_s,
+            mean_up_s=up_s,
+        )
+        job.handover.strike(one.id, begun)
+        if not wedges and self.rng.random() < ACQUITTED_SHARE:
+            ended = TrialEnded(**msgspec.structs.asdict(begun), ended=TrialEnd.COMPLETED)
+            job.handover.strike(one.id, ended)
+            return ANSWERED
+        ended = TrialEnded(
+            **msgspec.structs.asdict(begun),
+            ended=TrialEnd.WEDGED if wedges else TrialEnd.WENT_DOWN,
+            failed_after_s=TRIAL_FAILED_AFTER_S,
+            canary_after_s=1.0 if came_back else None,
+        )
+        evidence = job.handover.strike(one.id, ended)
+        if POISON_POLICY.judge(evidence) is not Verdict.DEAD:
+            return UNANSWERED
+        letter = DeadLetter(
+            prompt_id=one.id,
+            row=one.row,
+            reason=DeadLetterReason.POISON_PROMPT,
+            error=describe(evidence, POISON_POLICY),
+            attempts=len(evidence),
+        )
+        if job.handover.dead_letter(letter):
+            job.outcome.dead_lettered += 1
+        else:
+            job.outcome.already_handled += 1
+        return POISON
 
     def _settle_one(self, job: ModelledJob, one: Prompt, fate: str, turn: int, finished: list[Turn]) -> None:
         if fate == ANSWERED:

@@ -13,18 +13,22 @@ After every step:
   subscription and losing its last writes);
 - no live worker renews a lease that no execution of it holds any more (a batch that ended in any way,
   the function library missing included, gave its lease back);
-- no message of draftgen's own is parked as malformed.
+- no message of draftgen's own is parked as malformed;
+- no prompt but the one that wedges its server is dead-lettered as poison.
 At the end, once faults have stopped and the fleet has worked on: no malformed message is left queued
 (each was parked, or lost with the rest); the output alone (no Redis) holds every input prompt exactly
-once, committed or dead-lettered, and no id the input lacks (a forged staged record's); every committed
-conversation holds all its turns in order, no turns are kept any more, and `status` says `finished`.
+once, committed or dead-lettered, and no id the input lacks (a forged staged record's), the prompt that
+wedges its server dead-lettered as poison; every committed conversation holds all its turns in order, no
+turns are kept any more, and `status` says `finished`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from inference.records import PromptBatch
+import msgspec
+
+from inference.records import DeadLetter, DeadLetterReason, PromptBatch
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run
@@ -108,8 +112,19 @@ class Invariants:
             *self._seats(),
             *self._leaked_leases(),
             *self._parked(),
+            *self._poison(),
         ]
-        self.checked += 9
+        self.checked += 10
+        return found
+
+    def _poison(self) -> list[str]:
+        """Only the prompt that wedges its server is dead-lettered as poison (Redis's dead letters)."""
+        found = []
+        for raw in self._fleet.admin.hvals(self._keys.dead):
+            letter = msgspec.json.decode(raw, type=DeadLetter)
+            ordinary = letter.prompt_id != self._fleet.wedging_prompt
+            if letter.reason == DeadLetterReason.POISON_PROMPT and ordinary:
+                found.append(f"ordinary {letter.prompt_id} was dead-lettered as poison: {letter.error}")
         return found
 
     def _parked(self) -> list[str]:
@@ -202,6 +217,11 @@ class Invariants:
         lacking = sorted(wanted - set(held))
         if lacking:
             found.append(f"the output lacks input prompts {lacking}")
+        wedging = self._fleet.wedging_prompt
+        if wedging is not None and wedging not in record.dead:
+            found.append(f"{wedging}, which wedges its server every time, was not dead-lettered")
+        elif wedging is not None and record.dead[wedging].reason != DeadLetterReason.POISON_PROMPT:
+            found.append(f"{wedging} was dead-lettered as {record.dead[wedging].reason}, not as poison")
         foreign = sorted(set(held) - wanted)
         if foreign:
             found.append(f"the output holds ids the input lacks: {foreign}")
