@@ -53,7 +53,7 @@ PROMPT_COUNTS = (4, 6, 8)
 BATCH_SIZES = (2, 3)
 WORKERS = 2
 POISONED_SHARE = 0.3  # schedules where one batch's prompts make every attempt raise
-WEDGING_SHARE = 0.3  # schedules where one prompt wedges its server whenever it is sent
+WEDGING_SHARE = 0.4  # of the others, schedules where one prompt wedges its server whenever it is sent
 UUID_SEED_SALT = 0x1D5
 STEPS_A_WORKER_RUNS_AT_ONCE = 2  # deliveries in flight per worker
 PART_STEP = "enqueue part"
@@ -95,8 +95,8 @@ class Explorer:
             prompts=self.rng.choice(PROMPT_COUNTS),
             batch_size=self.rng.choice(BATCH_SIZES),
             workers=WORKERS,
-            poisoned=self.rng.random() < POISONED_SHARE,
-            wedging=self.rng.random() < WEDGING_SHARE,
+            poisoned=(poisoned := self.rng.random() < POISONED_SHARE),
+            wedging=not poisoned and self.rng.random() < WEDGING_SHARE,  # a batch that fails takes it with it
         )
         self.scheduler = Scheduler()
         self.fleet = Fleet(redis_url, output, self.rng, self.scheduler, shape)
