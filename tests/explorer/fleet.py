@@ -85,9 +85,10 @@ POISON_POLICY = PoisonPolicy()  # the defaults, as workers run them
 TRIAL_STEADY_S = 3_600.0  # a server steady for an hour before a trial, failing once an hour
 TRIAL_UNSTEADY_S = 1.0  # a server that fails every second: its failures prove nothing
 TRIAL_FAILED_AFTER_S = 2.0
-# (steady before, back after) of an ordinary suspect's failed trial
-UNLUCKY_TRIALS = ((True, False), (False, True), (False, False))
-ACQUITTED_SHARE = 0.6  # an ordinary suspect completes its trial
+# (steady before, back after) of an ordinary suspect's failed trial: each proves nothing, by one half of
+# the rule only (a rule missing that half would convict)
+UNLUCKY_TRIALS = ((True, False), (False, True))
+ACQUITTED_SHARE = 0.25  # an ordinary suspect completes its trial (its record starts over)
 ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue_processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
