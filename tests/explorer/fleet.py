@@ -74,7 +74,16 @@ from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
 from workers.state.message_check import why_malformed
 from workers.state.parked_messages import park, parked_message
-from workers.state.poison import PoisonPolicy, Suspicion, TrialBegun, TrialEnd, TrialEnded, Verdict, describe
+from workers.state.poison import (
+    Evidence,
+    PoisonPolicy,
+    Suspicion,
+    TrialBegun,
+    TrialEnd,
+    TrialEnded,
+    Verdict,
+    describe,
+)
 from workers.state.protocol import LIBRARY
 from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 from workers.state.runs import RunSettings
@@ -728,7 +737,7 @@ class Fleet:
     def generate_one(self, job: ModelledJob, one: Prompt) -> None:
         """A prompt's requests, one per turn: each answered, refused (the prompt is dead-lettered) or
         unanswered (left pending: a suspicion of the prompt, and a suspect's request is a trial, see
-        `_suspected`). The last turn's answer stages the prompt, whole."""
+        `_trial`). The last turn's answer stages the prompt, whole."""
         finished = job.handover.kept_turns([one.id]).get(one.id, []) if one.turn_ends else []
         for turn in range(len(finished) + 1, one.turn_count + 1):
             if not job.still_held():
@@ -738,7 +747,13 @@ class Fleet:
             fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
             if one.id == self.wedging_prompt:
                 fate = UNANSWERED
-            if fate == UNANSWERED:
+            evidence = job.handover.strikes_of([one.id]).get(one.id, [])
+            verdict = POISON_POLICY.judge(evidence)
+            if verdict is Verdict.DEAD:  # proven by trials whose worker died before its dead letter
+                fate = self._dead_letter_poison(job, one, evidence)
+            elif verdict is Verdict.TRIAL:
+                fate = self._trial(job, one)
+            elif fate == UNANSWERED:
                 fate = self._suspected(job, one)
             if fate == UNANSWERED:
                 job.outcome.unreachable.append(one.id)
@@ -755,17 +770,23 @@ class Fleet:
 
     def _suspected(self, job: ModelledJob, one: Prompt) -> str:
         """A request that got no answer makes its prompt suspected (the `strike` function, as the engine
-        records it); a suspect is tried alone: its trial is recorded begun, then ended. The wedging prompt
-        fails every trial on a server that was steady before and comes back after (a conviction); another
-        prompt completes its trial (acquitted: answered) or fails one that proves nothing (the server did
-        not come back, or was not steady before). Three convictions dead-letter the prompt as poison.
-        Returns the request's fate: still unanswered, answered by its trial, or POISON."""
+        records it); the wedging prompt's, with its server (hung). The record as it comes back may already
+        prove the prompt poison (another worker's convictions): POISON, else still UNANSWERED."""
         wedges = one.id == self.wedging_prompt
-        life = f"modelled#{self.rng.randrange(4)}"
-        suspicion = Suspicion(life=life, cause="hung" if wedges else "dropped", with_server=wedges, at=0.0)
+        cause, life = ("hung" if wedges else "dropped"), f"modelled#{self.rng.randrange(4)}"
+        suspicion = Suspicion(life=life, cause=cause, with_server=wedges, at=0.0)
         evidence = job.handover.strike(one.id, suspicion)
-        if POISON_POLICY.judge(evidence) is not Verdict.TRIAL:
-            return UNANSWERED
+        if POISON_POLICY.judge(evidence) is Verdict.DEAD:
+            return self._dead_letter_poison(job, one, evidence)
+        return UNANSWERED
+
+    def _trial(self, job: ModelledJob, one: Prompt) -> str:
+        """A suspect's request, alone: recorded begun, then ended (a kill between voids it). The wedging
+        prompt fails every trial on a server that was steady before and comes back after (a conviction);
+        another prompt completes its trial (acquitted: answered) or fails one that proves nothing. Three
+        convictions dead-letter the prompt as poison. Returns the request's fate: answered, unanswered or
+        POISON."""
+        wedges = one.id == self.wedging_prompt
         self.trials += 1
         # an ordinary prompt fails alone only with an outage of its server's own: never on a server steady
         # before and back after (that, the rule says, is the prompt: the chance it is not is the residual)
@@ -773,7 +794,7 @@ class Fleet:
         up_s = TRIAL_STEADY_S if steady else TRIAL_UNSTEADY_S
         begun = TrialBegun(
             trial=f"trial-{self.trials}",
-            life=life,
+            life=f"modelled#{self.rng.randrange(4)}",
             started_at=0.0,
             canary_before_s=1.0,
             control_s=up_s,
@@ -781,8 +802,7 @@ class Fleet:
         )
         job.handover.strike(one.id, begun)
         if not wedges and self.rng.random() < ACQUITTED_SHARE:
-            ended = TrialEnded(**msgspec.structs.asdict(begun), ended=TrialEnd.COMPLETED)
-            job.handover.strike(one.id, ended)
+            job.handover.strike(one.id, TrialEnded(**msgspec.structs.asdict(begun), ended=TrialEnd.COMPLETED))
             return ANSWERED
         ended = TrialEnded(
             **msgspec.structs.asdict(begun),
@@ -793,6 +813,10 @@ class Fleet:
         evidence = job.handover.strike(one.id, ended)
         if POISON_POLICY.judge(evidence) is not Verdict.DEAD:
             return UNANSWERED
+        return self._dead_letter_poison(job, one, evidence)
+
+    def _dead_letter_poison(self, job: ModelledJob, one: Prompt, evidence: list[Evidence]) -> str:
+        """Dead-letters a prompt its record proves poison, with that record described; returns POISON."""
         letter = DeadLetter(
             prompt_id=one.id,
             row=one.row,

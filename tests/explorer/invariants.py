@@ -226,15 +226,17 @@ class Invariants:
         if foreign:
             found.append(f"the output holds ids the input lacks: {foreign}")
         found += self._conversations()
-        queued = self._fleet.admin.lrange(GENERATE_QUEUE, 0, -1)
-        left = [raw for raw in queued if why_malformed(raw, GENERATE_QUEUE)]
-        if left:
-            found.append(f"{len(left)} malformed messages were never taken off the queue")
+        if left := self._malformed_queued():
+            found.append(f"{left} malformed messages were never taken off the queue")
         if self._fleet.admin.hlen(self._keys.turns):
             found.append(f"turns are still kept of {self._fleet.admin.hkeys(self._keys.turns)}")
         if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:
             found.append(f"status is not finished: {gather_status(self._fleet.admin, RUN).progress}")
         return found
+
+    def _malformed_queued(self) -> int:
+        queued = self._fleet.admin.lrange(GENERATE_QUEUE, 0, -1)
+        return sum(1 for raw in queued if why_malformed(raw, GENERATE_QUEUE))
 
     def _conversations(self) -> list[str]:
         """Every committed conversation holds its turns in order, each answered once."""
@@ -251,8 +253,9 @@ class Invariants:
         return found
 
     def finished(self) -> bool:
-        """The run is over: status says finished and the output holds every input prompt."""
-        if not self._status_finished():
+        """The run is over: status says finished, the output holds every input prompt, and the workers have
+        taken every malformed message off the queue (they consume a finished run's queue as any other)."""
+        if not self._status_finished() or self._malformed_queued():
             return False
         record = read_committed(self._fleet.store)
         return {one.id for one in self._fleet.prompts} <= set(record.completed) | set(record.dead)
