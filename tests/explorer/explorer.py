@@ -131,8 +131,8 @@ class Explorer:
         return self._end()
 
     def _calm_down(self) -> None:
-        """Faults over: the operator has loaded the functions, systemd has restarted the dead, and a
-        second worker on a live GPU has given up."""
+        """Faults over: the operator has loaded the functions, systemd has restarted the dead, a second
+        worker on a live GPU has given up, and every hung server generates again."""
         for twin in self.fleet.twins:
             if not twin.process.dead:
                 self._kill(twin.process)
@@ -141,6 +141,7 @@ class Explorer:
                 self._start(worker, "seat", worker.take_seat)
         if not self.fleet.library_loaded():
             self.fleet.load_the_library()
+        self.fleet.hung_servers.clear()
 
     def _end(self) -> ScheduleResult:
         self.result.checks = self.checks.checked
@@ -199,7 +200,12 @@ class Explorer:
         def step(weight: float, label: str, what: str, body: Callable[[], None]) -> None:
             options.append((weight, f"{name} {label}", partial(self._start, worker, what, body)))
 
-        if self._queued() and self._running(worker.process, "deliver") < STEPS_A_WORKER_RUNS_AT_ONCE:
+        consuming = name not in self.fleet.hung_servers  # a suspended worker's consumer is cancelled
+        if (
+            consuming
+            and self._queued()
+            and self._running(worker.process, "deliver") < STEPS_A_WORKER_RUNS_AT_ONCE
+        ):
             step(START, "takes a message", "deliver", worker.deliver)
         if any(d.eta_s <= self.fleet.clock.now_s for d in worker.held) and not self._running(
             worker.process, "due"
@@ -241,6 +247,13 @@ class Explorer:
         fleet = self.fleet
         unsubscribe = partial(self._fault, "unsubscribed", fleet.unsubscribe)
         options: list[Option] = [(FAULT / 2, "Redis drops every subscription", unsubscribe)]
+        for label in [worker.process.name for worker in fleet.workers]:
+            if label in fleet.hung_servers:
+                back = partial(self._fault, "servers back", partial(fleet.server_back, label))
+                options.append((FAULT, f"{label}'s server generates again", back))
+            else:
+                hang = partial(self._fault, "servers hung", partial(fleet.hang_server, label))
+                options.append((FAULT / 4, f"{label}'s server hangs: its worker is suspended", hang))
         if fleet.library_loaded():
             lose = partial(self._fault, "library lost", fleet.lose_the_library)
             options.append((FAULT / 3, "the function library is lost", lose))

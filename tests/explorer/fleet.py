@@ -98,6 +98,7 @@ TRIAL_FAILED_AFTER_S = 2.0
 # the rule only (a rule missing that half would convict)
 UNLUCKY_TRIALS = ((True, False), (False, True))
 ACQUITTED_SHARE = 0.25  # an ordinary suspect completes its trial (its record starts over)
+IN_FLIGHT_WHEN_SUSPENDED_SHARE = 0.5  # a prompt of a suspended worker was in flight (abandoned), not unsent
 ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue_processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
@@ -298,6 +299,7 @@ class Tail:
 class ModelledJob:
     handover: Handover
     still_held: Callable[[], bool]
+    label: str  # the GPU whose server answers it
     outcome: BatchOutcome = field(default_factory=BatchOutcome)
     done: Future[BatchOutcome] = field(default_factory=Future)
 
@@ -323,7 +325,7 @@ class ModelledServer:
         poisoned = any(p.id in fleet.poison_prompts for p in prompts)
         if poisoned and fleet.rng.random() < POISON_RAISES_IN_TASK:
             raise RuntimeError("a bug this batch always meets")
-        job = ModelledJob(handover, still_held)
+        job = ModelledJob(handover, still_held, self._worker.process.name)
         answered_now = 0 if poisoned else fleet.rng.randint(0, len(prompts))  # it fails before any answer
         try:
             for one in prompts[:answered_now]:
@@ -719,6 +721,7 @@ class Fleet:
         self.time_passed_s = 0.0
         self.gone_leases: dict[str, int] = {}  # owner token -> action at which its holder gave it up
         self.snapshots: list[Snapshot] = []
+        self.hung_servers: set[str] = set()  # GPUs whose liveness watch suspended their worker's engine
         self.server_epoch = 0  # which Redis server the real one stands for: a rollback starts another
         self.server_up_since_s = self.clock.now_s - SERVER_UP_BEFORE_S
         self.forged: set[str] = set()  # staged fields a forger wrote
@@ -744,6 +747,9 @@ class Fleet:
                 job.outcome.unreachable.append(one.id)
                 job.outcome.last_error = "lease lost"
                 return
+            if job.label in self.hung_servers:
+                self._abandoned(job, one)
+                return
             fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
             if one.id == self.wedging_prompt:
                 fate = UNANSWERED
@@ -754,7 +760,7 @@ class Fleet:
             elif verdict is Verdict.TRIAL:
                 fate = self._trial(job, one)
             elif fate == UNANSWERED:
-                fate = self._suspected(job, one)
+                fate = self._suspected(job, one, with_server=one.id == self.wedging_prompt)
             if fate == UNANSWERED:
                 job.outcome.unreachable.append(one.id)
                 job.outcome.last_error = "no answer from the modelled server"
@@ -768,13 +774,21 @@ class Fleet:
             self._settle_one(job, one, fate, turn, finished)
             return
 
-    def _suspected(self, job: ModelledJob, one: Prompt) -> str:
+    def _abandoned(self, job: ModelledJob, one: Prompt) -> None:
+        """The liveness watch suspended the engine (its server hung): a request in flight is abandoned, a
+        suspicion of its prompt with the server; one not sent yet stays pending, suspected of nothing."""
+        job.outcome.unreachable.append(one.id)
+        job.outcome.last_error = "the server hung: the worker is suspended"
+        if self.rng.random() < IN_FLIGHT_WHEN_SUSPENDED_SHARE:
+            self._suspected(job, one, with_server=True)
+
+    def _suspected(self, job: ModelledJob, one: Prompt, *, with_server: bool) -> str:
         """A request that got no answer makes its prompt suspected (the `strike` function, as the engine
-        records it); the wedging prompt's, with its server (hung). The record as it comes back may already
-        prove the prompt poison (another worker's convictions): POISON, else still UNANSWERED."""
-        wedges = one.id == self.wedging_prompt
-        cause, life = ("hung" if wedges else "dropped"), f"modelled#{self.rng.randrange(4)}"
-        suspicion = Suspicion(life=life, cause=cause, with_server=wedges, at=0.0)
+        records it); with its server when the server hung (the wedging prompt's requests, or an outage). The
+        record as it comes back may already prove the prompt poison (another worker's convictions): POISON,
+        else still UNANSWERED."""
+        cause, life = ("hung" if with_server else "dropped"), f"modelled#{self.rng.randrange(4)}"
+        suspicion = Suspicion(life=life, cause=cause, with_server=with_server, at=0.0)
         evidence = job.handover.strike(one.id, suspicion)
         if POISON_POLICY.judge(evidence) is Verdict.DEAD:
             return self._dead_letter_poison(job, one, evidence)
@@ -927,6 +941,17 @@ class Fleet:
     def load_the_library(self) -> bool:
         """The operator runs `python -m producer load-functions` (or an enqueue loads them)."""
         return LIBRARY.load(self.admin)
+
+    def hang_server(self, label: str) -> bool:
+        """The GPU's server hangs: its worker's liveness watch suspends the engine and stops consuming
+        (workers/generate/liveness.py) until the server generates again."""
+        self.hung_servers.add(label)
+        return True
+
+    def server_back(self, label: str) -> bool:
+        """The server generates again (restarted by the watch): the engine resumes, the worker consumes."""
+        self.hung_servers.discard(label)
+        return True
 
     def unsubscribe(self) -> bool:
         """Redis restarts (or fails over, or resets connections): every subscription is gone."""
