@@ -20,22 +20,18 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
-from devstack.runs import enqueue_run
+from benchmarks.draftgen_fleet import draftgen_fleet, run_to_end
+from devstack.local_stack import free_port, start_redis
 from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
-from workers.state.ledger import RunLedger
-from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings
+from workers.state.runs import DEFAULT_BATCH_SIZE
 
 GPUS = 2
 SLOTS = 48
-RUN_TIMEOUT_S = 1800.0
 SAMPLING = SamplingSettings(model="bench", max_tokens=32768)
 CONFIGURATIONS = (  # (name, batch size, batches held)
     ("default", DEFAULT_BATCH_SIZE, DEFAULT_BATCHES_IN_FLIGHT),
@@ -75,47 +71,6 @@ def measure(name: str, per_server: list[list[RequestRecord]], capacity: float) -
     )
 
 
-def run_once(
-    sims: list[SimulatorProcess],
-    redis_url: str,
-    logs: Path,
-    prompts: list[Prompt],
-    name: str,
-    batch: int,
-    held: int,
-) -> None:
-    client = redis.Redis.from_url(redis_url)
-    workers = [
-        start_celery_worker(
-            f"drain-{name}-{gpu}",
-            "generate",
-            worker_env(
-                redis_url,
-                {
-                    "DRAFTGEN_SERVER_URL": sim.url,
-                    "DRAFTGEN_GPU": str(gpu),
-                    "DRAFTGEN_BATCHES_IN_FLIGHT": str(held),
-                },
-            ),
-            logs,
-        )
-        for gpu, sim in enumerate(sims)
-    ]
-    workers.append(
-        start_celery_worker(f"drain-{name}-up", "upload", worker_env(redis_url), logs, concurrency=1)
-    )
-    try:
-        settings = RunSettings(
-            run=name, sampling=SAMPLING, output_url=(logs / name).as_uri(), batch_size=batch
-        )
-        enqueue_run(client, redis_url, settings, prompts)
-        ledger = RunLedger(client, name)
-        wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{name} to finish")
-    finally:
-        for worker in workers:
-            worker.stop()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -140,7 +95,9 @@ def main() -> int:
             for name, batch, held in CONFIGURATIONS:
                 for sim in sims:
                     sim.admin.reset_requests()
-                run_once(sims, redis_url, logs, prompts, name, batch, held)
+                held_env = {"DRAFTGEN_BATCHES_IN_FLIGHT": str(held)}
+                with draftgen_fleet(sims, redis_url, logs, f"drain-{name}", extra_env=held_env):
+                    run_to_end(redis_url, logs, prompts, name, sampling=SAMPLING, batch_size=batch)
                 results.append(
                     measure(
                         name,

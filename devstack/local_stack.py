@@ -214,12 +214,15 @@ def celery_worker(
     *,
     concurrency: int | None = None,
     mingle_and_gossip: bool = False,  # on, as the systemd units run workers; off saves a start-up second
+    cpu: int | None = None,  # pin the worker (every thread of it) to this core, with taskset
 ) -> ManagedProcess:
     argv = celery_command("worker", "-Q", queue, "-n", f"{name}@%h", "-l", "INFO")
     if not mingle_and_gossip:
         argv += ["--without-mingle", "--without-gossip"]
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
+    if cpu is not None:
+        argv = ["taskset", "-c", str(cpu), *argv]
     return ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
 
 
@@ -231,9 +234,10 @@ def start_celery_worker(
     *,
     concurrency: int | None = None,
     mingle_and_gossip: bool = False,
+    cpu: int | None = None,
 ) -> ManagedProcess:
     worker = celery_worker(
-        name, queue, env, log_dir, concurrency=concurrency, mingle_and_gossip=mingle_and_gossip
+        name, queue, env, log_dir, concurrency=concurrency, mingle_and_gossip=mingle_and_gossip, cpu=cpu
     )
     process = worker.start()
     process.wait_for_log(" ready.")
