@@ -188,9 +188,10 @@ class SimulatorSettings:
         default=DEFAULT_STREAM_INTERVAL_TOKENS,
     )
     stream_chunking: str = _option(
-        "step: SGLang's chunks (one per decode step, or per --stream-interval), as many at any speedup, so "
-        "the chunk rate is speedup x a real server's; wall: one chunk per write of a stream, carrying all "
-        "it produced since the last (the chunk rate bounded by --stream-min-interval-wall-s, not by speedup).",
+        "step: SGLang's chunks (one per decode step, or per --stream-interval), as many at any speedup, "
+        "so the chunk rate is speedup x a real server's; wall: one chunk per write of a stream, carrying "
+        "all it produced since the last (the chunk rate bounded by --stream-min-interval-wall-s, not by "
+        "speedup).",
         default=STREAM_CHUNKING_STEP,
         choices=STREAM_CHUNKING_CHOICES,
     )
