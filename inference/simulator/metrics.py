@@ -5,8 +5,8 @@ histograms are updated when a request finishes, as SGLang's tokenizer manager do
 `sglang:realtime_tokens_total`: SGLang's scheduler adds to it on every forward pass
 (`scheduler_components/metrics_reporter.py`: `report_decode_stats` every decode iteration with the
 tokens it generated, `report_prefill_stats` every prefill batch with its new and cached tokens), so it
-moves while requests run. Its series appear with their first non-zero increment; `prefill_cache` never
-does here, as the simulator has no prefix-cache hits. Latencies are wall seconds (what a client observes
+moves while requests run. Its series appear with their first non-zero increment (`prefill_cache` with
+the first prefix-cache hit). Latencies are wall seconds (what a client observes
 at the current speedup).
 """
 
