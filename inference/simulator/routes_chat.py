@@ -289,7 +289,7 @@ class _ChatCall:
                 started = True
                 await response.prepare(self.http)
                 events.append(_sse(chunk_body(rid, created, model, FIRST_DELTA)))
-            for cut in self._chunk_ends(request, emitted, produced):
+            for cut in self._chunk_ends(request, emitted):
                 reasoning, content = plan.split(emitted, cut)
                 emitted = cut
                 if reasoning and body.stream_reasoning:
@@ -329,12 +329,11 @@ class _ChatCall:
         await response.write_eof()
         return response
 
-    def _chunk_ends(self, request: SimRequest, emitted: int, produced: int) -> list[int]:
-        """Token counts at which the chunks since `emitted` end: SGLang's (one per decode step), or one
-        chunk of all that is new (wall chunking)."""
-        if self.state.settings.stream_chunking == STREAM_CHUNKING_STEP:
-            return self.state.engine.stream_cuts(request, emitted)
-        return [produced] if produced > emitted else []
+    def _chunk_ends(self, request: SimRequest, emitted: int) -> list[int]:
+        """Token counts at which the chunks since `emitted` end: SGLang's, each its own chunk (step
+        chunking), or merged into one per write (wall chunking)."""
+        cuts = self.state.engine.stream_cuts(request, emitted)
+        return cuts if self.state.settings.stream_chunking == STREAM_CHUNKING_STEP else cuts[-1:]
 
     def _held_reasoning_events(
         self, record: RequestRecord, body: ChatRequest, held: list[str]

@@ -64,8 +64,10 @@ DEFAULT_DECODE_LOG_INTERVAL_STEPS = 40
 DEFAULT_LOG_MIN_INTERVAL_WALL_S = 0.5
 DEFAULT_STREAM_MIN_INTERVAL_WALL_S = 0.01
 DEFAULT_STREAM_INTERVAL_TOKENS = 1  # SGLang's `--stream-interval` default: a chunk after every decode step
-STREAM_CHUNKING_STEP = "step"  # SGLang's chunks: one per decode step (per --stream-interval)
-STREAM_CHUNKING_WALL = "wall"  # one chunk per write, at most every --stream-min-interval-wall-s
+STREAM_CHUNKING_STEP = "step"  # SGLang's chunks, each its own (one per decode step at --stream-interval 1)
+STREAM_CHUNKING_WALL = (
+    "wall"  # SGLang's chunks, those of one write (one per --stream-min-interval-wall-s) merged
+)
 STREAM_CHUNKING_CHOICES = (STREAM_CHUNKING_STEP, STREAM_CHUNKING_WALL)
 
 # Faults.
@@ -188,11 +190,11 @@ class SimulatorSettings:
         default=DEFAULT_STREAM_INTERVAL_TOKENS,
     )
     stream_chunking: str = _option(
-        "step: SGLang's chunks (one per decode step, or per --stream-interval), as many at any speedup, "
-        "so the chunk rate is speedup x a real server's; wall: one chunk per write of a stream, carrying "
-        "all it produced since the last (the chunk rate bounded by --stream-min-interval-wall-s, not by "
-        "speedup).",
-        default=STREAM_CHUNKING_STEP,
+        "wall: SGLang's chunks, but those of one stream closer than --stream-min-interval-wall-s merged into "
+        "one (the same as SGLang's while a decode step is longer than that, e.g. at speedup 1; above, the "
+        "chunk rate stays bounded); step: every SGLang chunk its own, at any speedup, so the chunk rate is "
+        "speedup x a real server's (a client loaded as by that many GPUs).",
+        default=STREAM_CHUNKING_WALL,
         choices=STREAM_CHUNKING_CHOICES,
     )
     stream_min_interval_wall_s: float = _option(
