@@ -31,7 +31,7 @@ import enum
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from inference.simulator.radix_cache import RadixCache
 from inference.simulator.scheduler_log import SchedulerLog
@@ -59,7 +59,6 @@ class SimRequest:
     target_tokens: int
     streaming: bool
     prompt_ids: Sequence[int] = ()  # the prompt as token ids: its prefix-cache key
-    output_ids: Callable[[int], Sequence[int]] | None = None  # the first N output ids, cached at the end
     cached_tokens: int = 0  # of the prompt, found in the prefix cache at its (last) admission
     stalled: bool = False  # admitted and given its first token, then never another (a prompt fault)
     retract_pause_wall_s: float = 0.0  # under load, retracted once after its first token for this long
@@ -119,6 +118,7 @@ class Engine:
         self.total_cached_tokens = 0  # prompt tokens found in the prefix cache
         self.cache_hit_rate = 0.0  # of the last prefill batch, as SGLang's gauge
         self.cache = None if settings.disable_radix_cache else RadixCache()
+        self._next_output_id = 0  # output tokens are cached as fresh negative ids, below this one
         self.retracted_waiting = 0  # retracted and not back in the queue yet
         self.total_retracted = 0
 
@@ -342,10 +342,13 @@ class Engine:
         self.cache.evict(max(0, self._settings.max_total_tokens - self.kv_tokens()))
 
     def _cache_finished(self, request: SimRequest) -> None:
-        if request.admitted_wall_s is None:
-            return  # never prefilled: nothing of it is on the GPU
-        output = request.output_ids(request.final_tokens) if request.output_ids is not None else ()
-        self._cache_tokens([*request.prompt_ids, *output] if request.prompt_ids else ())
+        """Cache the prompt and the output. The simulator's template renders an earlier answer without its
+        `<think>` block, so no later prompt continues into an output: its ids only have to take their
+        room in the cache, and unique stand-ins (cheaper than the real ids) do that."""
+        if request.admitted_wall_s is None or not request.prompt_ids:
+            return  # never prefilled (nothing of it is on the GPU), or not cached
+        end, self._next_output_id = self._next_output_id, self._next_output_id - request.final_tokens
+        self._cache_tokens([*request.prompt_ids, *range(self._next_output_id, end)])
 
     def flush_cache(self) -> None:
         if self.cache is not None:

@@ -152,7 +152,6 @@ class _ChatCall:
             prompt_ids=()
             if settings.disable_radix_cache
             else prompt_token_ids(body.messages, plan.thinking_on),
-            output_ids=lambda produced: response_token_ids(plan, produced),
             stalled=fate is Fate.STALL,
             retract_pause_wall_s=drawn.pause_s if fate is Fate.RETRACT else 0.0,
         )
