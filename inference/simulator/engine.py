@@ -1,10 +1,14 @@
 """The throughput model: a continuous-batching scheduler in virtual ("model") time.
 
 Model time runs at `speedup` model seconds per wall second. Requests wait in a FIFO queue and are
-admitted, up to `max_running_requests`, in prefill batches (time: base + per prompt token; decoding
-pauses meanwhile). Every decode step takes `base + per_request * running` and gives each running
-request `accept_length` tokens on average (exactly: `1 + floor(steps * accept_length)` tokens after
-`steps` verifies, the first token coming from prefill).
+admitted, up to `max_running_requests`, in prefill batches (time: base per chunk of at most
+`chunked_prefill_size` new tokens + per new token; decoding pauses meanwhile, as SGLang runs a prefill
+batch instead of a decode step). A prompt's new tokens are those not in the server's prefix cache
+(`radix_cache.py`): a prefilled prompt is cached at once, a finished request's prompt and output when it
+ends, within the KV pool left over by the running requests. Every decode step takes
+`base + per_request * running` and gives each running request `accept_length` tokens on average
+(exactly: `1 + floor(steps * accept_length)` tokens after `steps` verifies, the first token coming
+from prefill).
 
 A request may be retracted, as SGLang's scheduler retracts requests when the KV pool runs out: taken
 out of the running batch after its first token and put back in the queue after a pause (its stream
@@ -14,7 +18,8 @@ fault (`retract`), and only under load: a request running alone is never retract
 The engine never sleeps once per step. On each wake-up it commits, in bulk, every step that has
 ended by now, stopping only at events (a request finishing, a queued request becoming admissible),
 then sleeps until the next event is due: a request's completion, a prefill's end, or the next
-chunk of a running stream.
+write to a running stream (at most one per `stream_min_interval_wall_s`; a stream writes the chunks of
+every step since its last write, `stream_cuts`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ import enum
 import heapq
 import itertools
 import math
+from collections.abc import Sequence
 
+from inference.simulator.radix_cache import RadixCache
 from inference.simulator.scheduler_log import SchedulerLog
 from inference.simulator.settings import SimulatorSettings
 
@@ -51,6 +58,8 @@ class SimRequest:
     prompt_tokens: int
     target_tokens: int
     streaming: bool
+    prompt_ids: Sequence[int] = ()  # the prompt as token ids: its prefix-cache key
+    cached_tokens: int = 0  # of the prompt, found in the prefix cache at its (last) admission
     stalled: bool = False  # admitted and given its first token, then never another (a prompt fault)
     retract_pause_wall_s: float = 0.0  # under load, retracted once after its first token for this long
     retracted: bool = False
@@ -64,6 +73,7 @@ class SimRequest:
     final_tokens: int = 0
     verify_count: int = 0
     admitted_wall_s: float | None = None
+    first_token_model_s: float | None = None  # the end of its (first) prefill, in model time
     first_token_wall_s: float | None = None
     finished_wall_s: float | None = None
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
@@ -104,7 +114,11 @@ class Engine:
         self.accept_length = 0.0
         self.total_verifies = 0
         self.total_decode_tokens = 0  # every token but each request's first, which prefill produces
-        self.total_prefill_tokens = 0
+        self.total_prefill_tokens = 0  # prompt tokens computed (not found in the prefix cache)
+        self.total_cached_tokens = 0  # prompt tokens found in the prefix cache
+        self.cache_hit_rate = 0.0  # of the last prefill batch, as SGLang's gauge
+        self.cache = None if settings.disable_radix_cache else RadixCache()
+        self._next_output_id = 0  # output tokens are cached as fresh negative ids, below this one
         self.retracted_waiting = 0  # retracted and not back in the queue yet
         self.total_retracted = 0
 
@@ -144,8 +158,34 @@ class Engine:
             return self._tokens_after(request, self._step - request.start_step)
         return request.final_tokens if request.phase is Phase.FINISHED else request.base_tokens
 
+    def stream_cuts(self, request: SimRequest, sent: int) -> list[int]:
+        """Where SGLang's chunks end among the tokens produced since the first `sent`: the first token
+        (prefill) at once, then after every decode step (`stream_interval` 1), or whenever at least
+        `stream_interval` tokens are unsent; a finished request's last tokens in a chunk of their own."""
+        produced = self.produced(request)
+        if produced <= sent:
+            return []
+        if request.phase is Phase.WAITING:  # retracted: what it produced before went out at its steps
+            return [produced]
+        steps = self._step - request.start_step if request.phase is Phase.RUNNING else request.verify_count
+        interval = self._settings.stream_interval
+        first_step = max(0, (sent - request.base_tokens - 1) * self._accept_den // self._accept_num)
+        cuts: list[int] = []
+        last = sent
+        for step in range(first_step, steps + 1):
+            tokens = min(self._tokens_after(request, step), produced)
+            if tokens > last and (interval == 1 or tokens - last >= interval or last == 0):
+                cuts.append(tokens)
+                last = tokens
+        if last < produced and request.phase is Phase.FINISHED:
+            cuts.append(produced)
+        return cuts
+
     def kv_tokens(self) -> int:
         return sum(request.prompt_tokens + self.produced(request) for request in self._running)
+
+    def cached_size_tokens(self) -> int:
+        return self.cache.size_tokens if self.cache is not None else 0
 
     def token_usage(self) -> float:
         return round(self.kv_tokens() / self._settings.max_total_tokens, 2)
@@ -248,13 +288,10 @@ class Engine:
                 self._engine_time_s = max(self._engine_time_s, self._waiting[0].arrival_model_s)
             free_slots = settings.max_running_requests - len(self._running)
             if free_slots > 0 and self._waiting and self._waiting[0].arrival_model_s <= self._engine_time_s:
-                batch = list(
-                    itertools.islice(
-                        (r for r in self._waiting if r.arrival_model_s <= self._engine_time_s), free_slots
-                    )
-                )
-                new_tokens = sum(request.prompt_tokens for request in batch)
-                duration = settings.prefill_base_s + settings.prefill_per_token_s * new_tokens
+                batch = self._prefill_batch(free_slots)
+                new_tokens = sum(request.prompt_tokens - request.cached_tokens for request in batch)
+                chunks = max(1, -(-new_tokens // settings.chunked_prefill_size))
+                duration = settings.prefill_base_s * chunks + settings.prefill_per_token_s * new_tokens
                 if self._engine_time_s + duration > now:
                     return self._engine_time_s + duration
                 self._engine_time_s += duration
@@ -276,6 +313,46 @@ class Engine:
                     steps_to_finish, steps_to_arrival, self._steps_per_stream_chunk(step_s)
                 )
             self._commit_steps(int(steps), step_s)
+
+    def _prefill_batch(self, free_slots: int) -> list[SimRequest]:
+        """The queue's head that one prefill takes: arrived requests in order, up to the free slots, while
+        their new tokens fit `chunked_prefill_size`; the first that does not fit ends the batch, chunked
+        (its chunks run back to back, decoding paused, as SGLang prefers prefill to decode)."""
+        batch: list[SimRequest] = []
+        budget = self._settings.chunked_prefill_size
+        for request in itertools.islice(self._waiting, free_slots):
+            if request.arrival_model_s > self._engine_time_s or (batch and budget <= 0):
+                break
+            request.cached_tokens = self._match_prefix(request)
+            batch.append(request)
+            budget -= request.prompt_tokens - request.cached_tokens
+        return batch
+
+    def _match_prefix(self, request: SimRequest) -> int:
+        """Prompt tokens in the prefix cache; at least the last one is computed, as in SGLang."""
+        if self.cache is None or not request.prompt_ids:
+            return 0
+        return min(self.cache.match_prefix(request.prompt_ids), request.prompt_tokens - 1)
+
+    def _cache_tokens(self, ids: Sequence[int]) -> None:
+        """Insert `ids` in the prefix cache, which keeps what the running requests leave of the KV pool."""
+        if self.cache is None or not ids:
+            return
+        self.cache.insert(ids)
+        self.cache.evict(max(0, self._settings.max_total_tokens - self.kv_tokens()))
+
+    def _cache_finished(self, request: SimRequest) -> None:
+        """Cache the prompt and the output. The simulator's template renders an earlier answer without its
+        `<think>` block, so no later prompt continues into an output: its ids only have to take their
+        room in the cache, and unique stand-ins (cheaper than the real ids) do that."""
+        if request.admitted_wall_s is None or not request.prompt_ids:
+            return  # never prefilled (nothing of it is on the GPU), or not cached
+        end, self._next_output_id = self._next_output_id, self._next_output_id - request.final_tokens
+        self._cache_tokens([*request.prompt_ids, *range(self._next_output_id, end)])
+
+    def flush_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
 
     def _steps_to_next_finish(self) -> float:
         while self._heap and not self._due_entry(*self._heap[0]):
@@ -301,20 +378,28 @@ class Engine:
             request.start_step = self._step
             if request.admitted_wall_s is None:
                 request.admitted_wall_s = request.first_token_wall_s = now_wall
+                request.first_token_model_s = self._engine_time_s
             request.finish_step = self._step + self._steps_needed(request.target_tokens - request.base_tokens)
             self._running.add(request)
             if not request.stalled:  # a stalled request holds its slot until it is aborted
                 heapq.heappush(self._heap, (request.finish_step, next(self._sequence), request))
             request.progress.set()
         for request in batch:
+            self._cache_tokens(request.prompt_ids)
             if request.retract_pause_wall_s and not request.retracted and len(self._running) > 1:
                 self._retract(request)
+        cached_tokens = sum(request.cached_tokens for request in batch)
         self.total_prefill_tokens += new_tokens
+        self.total_cached_tokens += cached_tokens
+        self.cache_hit_rate = (
+            cached_tokens / (cached_tokens + new_tokens) if cached_tokens + new_tokens else 0.0
+        )
         throughput = new_tokens / duration_s * self._settings.speedup if duration_s > 0 else 0.0
         if self._log.due("prefill"):
             self._log.prefill(
                 new_seq=len(batch),
                 new_token=new_tokens,
+                cached_token=cached_tokens,
                 token_usage=self.token_usage(),
                 mamba_usage=self.mamba_usage(),
                 running=len(self._running),
@@ -397,5 +482,6 @@ class Engine:
         request.final_tokens = tokens
         request.verify_count = max(0, verifies)
         request.finished_wall_s = self._loop.time()
+        self._cache_finished(request)
         request.done.set()
         request.progress.set()

@@ -5,8 +5,8 @@ histograms are updated when a request finishes, as SGLang's tokenizer manager do
 `sglang:realtime_tokens_total`: SGLang's scheduler adds to it on every forward pass
 (`scheduler_components/metrics_reporter.py`: `report_decode_stats` every decode iteration with the
 tokens it generated, `report_prefill_stats` every prefill batch with its new and cached tokens), so it
-moves while requests run. Its series appear with their first non-zero increment; `prefill_cache` never
-does here, as the simulator has no prefix-cache hits. Latencies are wall seconds (what a client observes
+moves while requests run. Its series appear with their first non-zero increment (`prefill_cache` with
+the first prefix-cache hit). Latencies are wall seconds (what a client observes
 at the current speedup).
 """
 
@@ -25,6 +25,7 @@ ENGINE_TYPE = "unified"
 SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
 REQUEST_LABELS = ("model_name", "engine_type", "is_streaming")
 TOKENIZER_LABELS = ("model_name", "engine_type")
+CACHE_SOURCE_DEVICE = "device"
 LATENCY_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS_S = (*LATENCY_BUCKETS_S, 600, 1200, 1800, 2400)
 INTER_TOKEN_BUCKETS_S = (
@@ -85,11 +86,11 @@ class _SchedulerGauges(Collector):
         yield self._gauge(
             "sglang:kv_available_tokens", "KV tokens available.", settings.max_total_tokens - kv_tokens
         )
-        yield self._gauge("sglang:kv_evictable_tokens", "KV tokens evictable.", 0)
+        yield self._gauge("sglang:kv_evictable_tokens", "KV tokens evictable.", engine.cached_size_tokens())
         yield self._gauge(
             "sglang:gen_throughput", "The generation throughput (token/s).", engine.gen_throughput
         )
-        yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0)
+        yield self._gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", engine.cache_hit_rate)
         yield self._gauge(
             "sglang:spec_accept_length",
             "The average acceptance length of speculative decoding.",
@@ -133,6 +134,7 @@ class _RealtimeTokens(Collector):
         )
         for mode, tokens in (
             ("prefill_compute", self._engine.total_prefill_tokens),
+            ("prefill_cache", self._engine.total_cached_tokens),
             ("decode", self._engine.total_decode_tokens),
         ):
             if tokens:  # SGLang skips zero increments, so a series first shows with a non-zero value
@@ -161,6 +163,12 @@ class SimulatorMetrics:
         )
         self.num_aborted = Counter(
             "sglang:num_aborted_requests", "Number of requests aborted.", TOKENIZER_LABELS, registry=registry
+        )
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            (*TOKENIZER_LABELS, "cache_source"),
+            registry=registry,
         )
         self.spec_verify_calls = Counter(
             "sglang:spec_verify_calls", "Speculative verify passes.", TOKENIZER_LABELS, registry=registry
@@ -211,6 +219,10 @@ class SimulatorMetrics:
         self.generation_tokens.labels(*labels).inc(completion_tokens)
         self.num_requests.labels(*labels).inc()
         self.spec_verify_calls.labels(self._model, ENGINE_TYPE).inc(request.verify_count)
+        if request.cached_tokens > 0:  # SGLang's breakdown of a radix-cache hit: all on the device
+            self.cached_tokens.labels(self._model, ENGINE_TYPE, CACHE_SOURCE_DEVICE).inc(
+                request.cached_tokens
+            )
         if request.aborted:
             self.num_aborted.labels(self._model, ENGINE_TYPE).inc()
         end = request.finished_wall_s

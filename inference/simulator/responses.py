@@ -20,13 +20,16 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    cached_tokens: int | None = None  # reported only with --enable-cache-report
 
     def body(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": (
+                None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens}
+            ),
             "reasoning_tokens": self.reasoning_tokens,
             "completion_tokens_details": (
                 {"reasoning_tokens": self.reasoning_tokens} if self.reasoning_tokens > 0 else None

@@ -35,6 +35,7 @@ from inference.simulator.responses import (
     reasoning_delta,
     spec_tokens_details,
 )
+from inference.simulator.settings import STREAM_CHUNKING_STEP
 from inference.simulator.state import STATE, SimulatorState
 from inference.simulator.thinking import GenerationPlan, messages_hash, plan_generation, render_message
 from inference.simulator.token_ids import prompt_token_ids, response_token_ids
@@ -148,6 +149,9 @@ class _ChatCall:
             prompt_tokens=record.prompt_tokens,
             target_tokens=produce,
             streaming=body.stream,
+            prompt_ids=()
+            if settings.disable_radix_cache
+            else prompt_token_ids(body.messages, plan.thinking_on),
             stalled=fate is Fate.STALL,
             retract_pause_wall_s=drawn.pause_s if fate is Fate.RETRACT else 0.0,
         )
@@ -247,7 +251,12 @@ class _ChatCall:
             content=content,
             finish_reason="abort" if request.aborted else plan.finish_reason,
             matched_stop=None if request.aborted else plan.matched_stop,
-            usage=Usage(record.prompt_tokens, produced, plan.reasoning_tokens(produced)),
+            usage=Usage(
+                record.prompt_tokens,
+                produced,
+                plan.reasoning_tokens(produced),
+                cached_tokens=request.cached_tokens if self.state.settings.enable_cache_report else None,
+            ),
             sglext=sglext or None,
             prompt_token_ids=prompt_ids if in_choice else None,
             response_token_ids=response_ids if body.return_token_ids else None,
@@ -274,30 +283,33 @@ class _ChatCall:
             await request.progress.wait()
             request.progress.clear()
             produced = self.state.engine.produced(request)
+            events: list[bytes] = []
             if not started and (produced > 0 or request.phase is Phase.FINISHED):
                 started = True
                 await response.prepare(self.http)
-                await response.write(_sse(chunk_body(rid, created, model, FIRST_DELTA)))
-            if produced > emitted:
-                reasoning, content = plan.split(emitted, produced)
-                emitted = produced
+                events.append(_sse(chunk_body(rid, created, model, FIRST_DELTA)))
+            for cut in self._chunk_ends(request, emitted):
+                reasoning, content = plan.split(emitted, cut)
+                emitted = cut
                 if reasoning and body.stream_reasoning:
-                    await response.write(_sse(chunk_body(rid, created, model, reasoning_delta(reasoning))))
+                    events.append(_sse(chunk_body(rid, created, model, reasoning_delta(reasoning))))
                 elif reasoning:
                     held_reasoning.append(reasoning)
                 if content:
-                    await self._flush_reasoning(response, record, body, held_reasoning)
-                    await response.write(_sse(chunk_body(rid, created, model, content_delta(content))))
+                    events += self._held_reasoning_events(record, body, held_reasoning)
+                    events.append(_sse(chunk_body(rid, created, model, content_delta(content))))
+            if events:  # the chunks of every step since the last wake-up, in one write
+                await response.write(b"".join(events))
             if request.phase is Phase.FINISHED:
                 break
         self._settle(plan, request, record)
         if drop:
             record.status = "dropped"
             return _drop_connection(self.http)
-        await self._flush_reasoning(response, record, body, held_reasoning)
         result = self._result(body, plan, request, record)
         await response.write(
-            _sse(
+            b"".join(self._held_reasoning_events(record, body, held_reasoning))
+            + _sse(
                 chunk_body(
                     rid,
                     created,
@@ -316,16 +328,21 @@ class _ChatCall:
         await response.write_eof()
         return response
 
-    async def _flush_reasoning(
-        self, response: web.StreamResponse, record: RequestRecord, body: ChatRequest, held: list[str]
-    ) -> None:
+    def _chunk_ends(self, request: SimRequest, emitted: int) -> list[int]:
+        """Token counts at which the chunks since `emitted` end: SGLang's, each its own chunk (step
+        chunking), or merged into one per write (wall chunking)."""
+        cuts = self.state.engine.stream_cuts(request, emitted)
+        return cuts if self.state.settings.stream_chunking == STREAM_CHUNKING_STEP else cuts[-1:]
+
+    def _held_reasoning_events(
+        self, record: RequestRecord, body: ChatRequest, held: list[str]
+    ) -> list[bytes]:
         """With stream_reasoning false, the reasoning goes out in one piece before the content."""
-        if held:
-            text = "".join(held)
-            held.clear()
-            await response.write(
-                _sse(chunk_body(record.rid, self.created, body.model, reasoning_delta(text)))
-            )
+        if not held:
+            return []
+        text = "".join(held)
+        held.clear()
+        return [_sse(chunk_body(record.rid, self.created, body.model, reasoning_delta(text)))]
 
 
 async def chat_completions(http: web.Request) -> web.StreamResponse:

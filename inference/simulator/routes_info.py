@@ -173,6 +173,7 @@ async def flush_cache(http: web.Request) -> web.Response:
             text=f"Cache not flushed because there are pending requests. "
             f"#queue-req: {engine.queued}, #running-req: {engine.running}",
         )
+    engine.flush_cache()
     return web.Response(text=FLUSH_OK_TEXT)
 
 

@@ -48,6 +48,7 @@ class SchedulerLog:
         *,
         new_seq: int,
         new_token: int,
+        cached_token: int,
         token_usage: float,
         mamba_usage: float,
         running: int,
@@ -55,11 +56,12 @@ class SchedulerLog:
         input_throughput: float,
     ) -> None:
         self._logger.info(
-            "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: 0, full token usage: %.2f, "
+            "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: %d, full token usage: %.2f, "
             "mamba usage: %.2f, #running-req: %d, #queue-req: %d, #pending-token: 0, cuda graph: False, "
             "input throughput (token/s): %.2f",
             new_seq,
             new_token,
+            cached_token,
             token_usage,
             mamba_usage,
             running,

@@ -41,7 +41,14 @@ DEFAULT_ACCEPT_LENGTH_TOKENS = 3.5
 DEFAULT_DECODE_STEP_BASE_S = 0.0195
 DEFAULT_DECODE_STEP_PER_REQUEST_S = 0.0011
 DEFAULT_PREFILL_BASE_S = 0.005
-DEFAULT_PREFILL_PER_TOKEN_S = 0.00002
+# Prefill is compute-bound: prompt tokens/s = MFU x peak FLOP/s / (2 x parameters). An H100 SXM gives
+# 989 TFLOP/s dense BF16 (NVIDIA's H100 datasheet); at the ~55% MFU of a large prefill batch, a dense 27B
+# model (54 GFLOP per token) prefills about 10,000 tokens/s. A B200 would be ~2x; the H100-class figure
+# keeps the cost of an uncached prompt on the safe (dear) side.
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+DEFAULT_PREFILL_PER_TOKEN_S = 1.0 / DEFAULT_PREFILL_TOKENS_PER_S
+# SGLang's auto `--chunked-prefill-size` (memory_hook.py): 8192 on an H100 or H200, 16384 on a B200.
+DEFAULT_CHUNKED_PREFILL_SIZE_TOKENS = 8192
 DEFAULT_SPEEDUP = 1.0
 DEFAULT_HEALTH_LATENCY_S = 1.0
 
@@ -56,6 +63,12 @@ DEFAULT_ANSWER_TOKENS_SIGMA = 0.5
 DEFAULT_DECODE_LOG_INTERVAL_STEPS = 40
 DEFAULT_LOG_MIN_INTERVAL_WALL_S = 0.5
 DEFAULT_STREAM_MIN_INTERVAL_WALL_S = 0.01
+DEFAULT_STREAM_INTERVAL_TOKENS = 1  # SGLang's `--stream-interval` default: a chunk after every decode step
+STREAM_CHUNKING_STEP = "step"  # SGLang's chunks, each its own (one per decode step at --stream-interval 1)
+STREAM_CHUNKING_WALL = (
+    "wall"  # SGLang's chunks, those of one write (one per --stream-min-interval-wall-s) merged
+)
+STREAM_CHUNKING_CHOICES = (STREAM_CHUNKING_STEP, STREAM_CHUNKING_WALL)
 
 # Faults.
 DEFAULT_ERROR_STATUS = 500
@@ -120,7 +133,19 @@ class SimulatorSettings:
         "Prefill batch time, fixed part (model s).", default=DEFAULT_PREFILL_BASE_S
     )
     prefill_per_token_s: float = _option(
-        "Prefill time per prompt token (model s).", default=DEFAULT_PREFILL_PER_TOKEN_S
+        "Prefill time per prompt token not in the prefix cache (model s; 1e-4 is 10,000 tokens/s).",
+        default=DEFAULT_PREFILL_PER_TOKEN_S,
+    )
+    chunked_prefill_size: int = _option(
+        "Most new (uncached) prompt tokens in one prefill batch; a longer prompt is prefilled in chunks "
+        "of this size, each a batch (SGLang's flag).",
+        default=DEFAULT_CHUNKED_PREFILL_SIZE_TOKENS,
+    )
+    disable_radix_cache: bool = _option(
+        "No prefix cache: every prompt is prefilled whole (SGLang's flag).", default=False
+    )
+    enable_cache_report: bool = _option(
+        "Report usage.prompt_tokens_details.cached_tokens (SGLang's flag).", default=False
     )
     speedup: float = _option("Divide every model duration by this factor.", default=DEFAULT_SPEEDUP)
     health_latency_s: float = _option(
@@ -159,8 +184,23 @@ class SimulatorSettings:
     log_min_interval_wall_s: float = _option(
         "Least wall time between two scheduler log lines of a kind.", default=DEFAULT_LOG_MIN_INTERVAL_WALL_S
     )
+    stream_interval: int = _option(
+        "SGLang's --stream-interval, in tokens: 1 sends a chunk after every decode step; N > 1 sends the "
+        "first token at once, then a chunk whenever at least N tokens are unsent.",
+        default=DEFAULT_STREAM_INTERVAL_TOKENS,
+    )
+    stream_chunking: str = _option(
+        "wall: SGLang's chunks, but those of one stream closer than --stream-min-interval-wall-s merged into "
+        "one (the same as SGLang's while a decode step is longer than that, e.g. at speedup 1; above, the "
+        "chunk rate stays bounded); step: every SGLang chunk its own, at any speedup, so the chunk rate is "
+        "speedup x a real server's (a client loaded as by that many GPUs).",
+        default=STREAM_CHUNKING_WALL,
+        choices=STREAM_CHUNKING_CHOICES,
+    )
     stream_min_interval_wall_s: float = _option(
-        "Least wall time between two chunks of one stream.", default=DEFAULT_STREAM_MIN_INTERVAL_WALL_S
+        "Least wall time between two writes of one stream (with step chunking, the chunks of the steps in "
+        "between go out together in one write).",
+        default=DEFAULT_STREAM_MIN_INTERVAL_WALL_S,
     )
     load_seconds: float = _option("Wall seconds with the port closed before serving (loading).", default=0.0)
     warmup_seconds: float = _option("Wall seconds of warm-up: /health 503, /model_info 200.", default=0.0)
@@ -223,6 +263,10 @@ class SimulatorSettings:
                     min(self.thinking_tokens_sigma, self.answer_tokens_sigma) < 0,
                     "sigmas must be non-negative",
                 ),
+                (self.stream_interval < 1, "--stream-interval must be at least 1"),
+                (self.stream_chunking not in STREAM_CHUNKING_CHOICES, "unknown --stream-chunking"),
+                (self.stream_min_interval_wall_s < 0, "--stream-min-interval-wall-s must be non-negative"),
+                (self.chunked_prefill_size < 1, "--chunked-prefill-size must be at least 1"),
                 (self.error_status not in ERROR_STATUS_CHOICES, "--error-status must be 500 or 503"),
                 (
                     self.crash_every_s is not None and self.crash_every_s <= 0,

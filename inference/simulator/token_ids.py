@@ -20,6 +20,7 @@ string trims the text of the token that completed it, not the token, which keeps
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,8 +41,10 @@ NEWLINE_TOKEN_ID = 198
 REGULAR_VOCAB_SIZE = 151643  # ids 0..151642 are ordinary tokens; 151643 is <|endoftext|>
 ROLE_TOKEN_IDS = {"system": 8948, "user": 872, "assistant": 77091}
 WORD_HASH_BYTES = 8
+WORD_ID_CACHE_SIZE = 1 << 16  # words whose id is kept: a prompt's ids are computed for the prefix cache
 
 
+@functools.lru_cache(maxsize=WORD_ID_CACHE_SIZE)
 def word_token_id(word: str) -> int:
     """A stable id in the regular vocabulary for `word`, the same in every process and run."""
     digest = hashlib.blake2b(word.encode(), digest_size=WORD_HASH_BYTES).digest()
