@@ -139,10 +139,9 @@ class SGLangClient:
             "Content-Type": "application/json",
             "Accept-Encoding": "identity",
         }
-        # Streamed, the read timeout bounds each wait for a chunk; `chat` bounds the whole request.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=settings.connect_timeout_s, sock_read=settings.request_timeout_s
-        )
+        # `chat` and `context_length` bound their whole request, which bounds each wait for a chunk too: no
+        # read timeout, whose timer aiohttp would set again on every chunk.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
     def _pool(self) -> aiohttp.ClientSession:
@@ -213,11 +212,16 @@ class SGLangClient:
 
         None when the server does not say (no such route, or no usable `max_model_len`). Raises
         InferenceUnavailable when it cannot answer now (no connection, 5xx, throttled)."""
+        deadline = asyncio.timeout(self.settings.request_timeout_s)
         try:
-            async with self._pool().get(self._models_url, headers=self._headers) as response:
+            async with deadline, self._pool().get(self._models_url, headers=self._headers) as response:
                 status = response.status
                 raw = await _read_at_most(response.content, MODELS_BODY_MAX_BYTES)
         except (aiohttp.ClientError, TimeoutError) as error:
+            if deadline.expired():
+                raise InferenceUnavailable(
+                    f"no answer from {self.settings.server_url}: timed out", cause=FailureCause.TIMED_OUT
+                ) from error
             raise self._no_answer(error) from error
         if status not in SUCCESS_STATUSES:
             if retry_helps(status):
