@@ -6,6 +6,9 @@ answer deltas in separate chunks (`delta.reasoning_content`, `delta.content`), a
 prompt's `input_ids` and the response's `output_ids`), then one with `choices: []` and `usage`. The
 ids in `sglext` are the whole lists whatever `--incremental-streaming-output` says (SGLang keeps the
 last full list, or adds up the deltas), and are left out after an error abort.
+
+Each event is decoded by msgspec into `Chunk`, which declares only what a result needs: this runs for every
+chunk of every request the worker sends.
 """
 
 from __future__ import annotations
