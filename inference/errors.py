@@ -15,9 +15,12 @@ from __future__ import annotations
 import enum
 import errno
 import socket
+from http import HTTPStatus
 
 # errnos of a connection that was never made (beside ConnectionRefusedError's own)
 _NO_CONNECTION_ERRNOS = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
+HTTP_INTERNAL_SERVER_ERROR = HTTPStatus.INTERNAL_SERVER_ERROR.value
+RETRYABLE_CLIENT_STATUSES = frozenset({408, 409, 429})  # timeouts and throttling: not the request's fault
 
 
 class FailureCause(enum.StrEnum):
@@ -74,6 +77,17 @@ class ServerNotReady(InferenceUnavailable):
         if log_tail is not None:
             message += f"\nlast lines of its log:\n{log_tail}"
         super().__init__(message, cause=FailureCause.TIMED_OUT)
+
+
+def retry_helps(status: int) -> bool:
+    return status >= HTTP_INTERNAL_SERVER_ERROR or status in RETRYABLE_CLIENT_STATUSES
+
+
+def status_error(status: int, text: str) -> InferenceError:
+    """The error for an HTTP error status: unavailable when a retry can help, else rejected."""
+    if retry_helps(status):
+        return InferenceUnavailable(text, status=status, cause=FailureCause.HTTP)
+    return InferenceRejected(text, status=status)
 
 
 def transport_cause(error: BaseException) -> FailureCause:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import httpx
 import pytest
 
 from inference.client import SGLangClient
@@ -14,6 +13,7 @@ from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
 from inference.records import Origin, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
+from tests.support import sse
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from workers.generate.generation import CONTEXT_HEADROOM_TOKENS, GenerationEngine, RetryPolicy, Truncation
@@ -27,9 +27,9 @@ WINDOW = 4
 SERVER_ERROR = 503
 
 
-def context_length(server_url: str, http_client: httpx.AsyncClient | None = None) -> int | None:
+def context_length(server_url: str) -> int | None:
     async def ask() -> int | None:
-        client = SGLangClient(ClientSettings(server_url=server_url), http_client=http_client)
+        client = SGLangClient(ClientSettings(server_url=server_url))
         try:
             return await client.context_length()
         finally:
@@ -45,21 +45,18 @@ def test_the_client_reads_the_simulator_s_context_length(
     assert context_length(sim.url) == SERVE_CONTEXT_TOKENS
 
 
-def answering(status: int, body: object) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(status, json=body)))
-
-
 def test_a_server_that_does_not_state_its_context_gives_none() -> None:
-    no_route = answering(404, {"detail": "Not Found"})
-    no_field = answering(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
-    assert context_length("http://server", no_route) is None
-    assert context_length("http://server", no_field) is None
+    no_field = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+    with sse.serving(sse.json_answer(404, {"detail": "Not Found"})) as no_route:
+        assert context_length(no_route.url) is None
+    with sse.serving(sse.json_answer(200, no_field)) as server:
+        assert context_length(server.url) is None
 
 
 def test_a_server_that_cannot_answer_now_is_unavailable_not_silent() -> None:
-    failing = answering(SERVER_ERROR, {"object": "error", "message": "busy"})
-    with pytest.raises(InferenceUnavailable):
-        context_length("http://server", failing)
+    busy = sse.json_answer(SERVER_ERROR, {"object": "error", "message": "busy"})
+    with sse.serving(busy) as server, pytest.raises(InferenceUnavailable, match="HTTP 503: busy"):
+        context_length(server.url)
 
 
 def test_a_budget_retry_against_the_simulator_stops_at_what_its_context_leaves_and_is_not_refused(

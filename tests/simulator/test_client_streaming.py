@@ -8,7 +8,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import pytest
 
 from inference.chat_stream import ChatResult
@@ -37,14 +36,13 @@ def streamed(
     sampling: SamplingSettings,
     *,
     text: str = QUESTION,
-    http_client: httpx.AsyncClient | None = None,
     timeout_s: float | None = None,
 ) -> ChatResult:
     async def ask() -> ChatResult:
         settings = ClientSettings(server_url=server_url)
         if timeout_s is not None:
             settings = ClientSettings(server_url=server_url, request_timeout_s=timeout_s)
-        client = SGLangClient(settings, http_client=http_client)
+        client = SGLangClient(settings)
         try:
             return await client.chat(messages(text), sampling, rid=f"streamed:{text}:{sampling.max_tokens}")
         finally:
@@ -184,10 +182,6 @@ def test_an_error_before_the_stream_keeps_its_status(
     assert rejected.value.status == BAD_REQUEST
 
 
-def fake_server(*events: dict[str, Any] | str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.MockTransport(lambda _: sse.event_stream(*events)))
-
-
 ROLE = sse.chunk({"reasoning_content": None, "role": "assistant", "content": ""})
 THOUGHT = sse.chunk({"reasoning_content": "a first thought"})
 USAGE = sse.chunk(
@@ -205,10 +199,11 @@ def test_an_error_event_in_the_middle_of_a_stream_keeps_the_error_tree(
     error = {
         "error": {"object": "error", "message": "out of memory", "type": "X", "param": None, "code": code}
     }
-    server = fake_server(ROLE, THOUGHT, error, USAGE, sse.DONE)
-
-    with pytest.raises(expected, match="out of memory") as raised:
-        streamed("http://sglang:30000", SamplingSettings(max_tokens=200), http_client=server)
+    with (
+        sse.serving(sse.event_stream(ROLE, THOUGHT, error, USAGE, sse.DONE)) as server,
+        pytest.raises(expected, match="out of memory") as raised,
+    ):
+        streamed(server.url, SamplingSettings(max_tokens=200))
 
     assert getattr(raised.value, "status", None) == code
     if isinstance(raised.value, InferenceUnavailable):
@@ -216,40 +211,32 @@ def test_an_error_event_in_the_middle_of_a_stream_keeps_the_error_tree(
 
 
 def test_a_stream_that_ends_without_a_finish_reason_is_unavailable() -> None:
-    with pytest.raises(InferenceUnavailable, match="without a finish reason") as raised:
-        streamed(
-            "http://sglang:30000", SamplingSettings(max_tokens=200), http_client=fake_server(ROLE, THOUGHT)
-        )
+    with (
+        sse.serving(sse.event_stream(ROLE, THOUGHT)) as server,
+        pytest.raises(InferenceUnavailable, match="without a finish reason") as raised,
+    ):
+        streamed(server.url, SamplingSettings(max_tokens=200))
     assert raised.value.cause is FailureCause.DROPPED
 
 
 def test_a_stream_that_ends_without_its_usage_is_unavailable() -> None:
     finish = sse.chunk({"reasoning_content": None}, finish_reason="length")
-    with pytest.raises(InferenceUnavailable, match="usage") as raised:
-        streamed(
-            "http://sglang:30000",
-            SamplingSettings(max_tokens=200),
-            http_client=fake_server(ROLE, THOUGHT, finish, sse.DONE),
-        )
+    with (
+        sse.serving(sse.event_stream(ROLE, THOUGHT, finish, sse.DONE)) as server,
+        pytest.raises(InferenceUnavailable, match="usage") as raised,
+    ):
+        streamed(server.url, SamplingSettings(max_tokens=200))
     assert raised.value.cause is FailureCause.MALFORMED
 
 
 def test_the_request_asks_for_a_stream_with_usage_and_the_ids_in_sglext_never_return_token_ids() -> None:
-    seen: list[httpx.Request] = []
+    finish = sse.chunk({"reasoning_content": None}, finish_reason="stop")
+    with sse.serving(sse.event_stream(ROLE, finish, USAGE, sse.DONE)) as server:
+        streamed(server.url, SamplingSettings(max_tokens=200))
 
-    def record(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return sse.event_stream(
-            ROLE, sse.chunk({"reasoning_content": None}, finish_reason="stop"), USAGE, sse.DONE
-        )
-
-    streamed(
-        "http://sglang:30000",
-        SamplingSettings(max_tokens=200),
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(record)),
-    )
-
-    body = json.loads(seen[0].content)
+    [seen] = server.requests
+    assert (seen.method, seen.path) == ("POST", "/v1/chat/completions")
+    body = json.loads(seen.body)
     assert (body["stream"], body["stream_options"]) == (True, {"include_usage": True})
     assert body["return_input_ids_in_sglext"] is body["return_output_ids_in_sglext"] is True
     assert body["return_spec_tokens_details"] is True

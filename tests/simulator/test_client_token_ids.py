@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
-
 from inference.chat_stream import ChatResult
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
@@ -20,7 +18,7 @@ BUDGET = 4096
 USAGE = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13, "reasoning_tokens": 2}
 
 
-def older_server(_: httpx.Request) -> httpx.Response:
+def older_server() -> sse.Answer:
     """A stream without the trailing sglext chunk of ids, as from SGLang before 0.5.23."""
     return sse.event_stream(
         sse.chunk({"role": "assistant", "content": "", "reasoning_content": None}),
@@ -32,9 +30,9 @@ def older_server(_: httpx.Request) -> httpx.Response:
     )
 
 
-def chat(server_url: str, http_client: httpx.AsyncClient | None = None) -> ChatResult:
+def chat(server_url: str) -> ChatResult:
     async def ask() -> ChatResult:
-        client = SGLangClient(ClientSettings(server_url=server_url), http_client=http_client)
+        client = SGLangClient(ClientSettings(server_url=server_url))
         try:
             messages = [Message(role="user", content="why is the sky blue")]
             return await client.chat(messages, SamplingSettings(max_tokens=BUDGET), rid="run:p1:0")
@@ -54,8 +52,8 @@ def test_every_completion_carries_the_ids_the_server_tokenized_and_sampled(
 
 
 def test_a_server_without_token_ids_still_gives_a_completion_without_them() -> None:
-    transport = httpx.MockTransport(older_server)
-    result = chat("http://older-sglang:30000", httpx.AsyncClient(transport=transport))
+    with sse.serving(older_server()) as server:
+        result = chat(server.url)
     assert result.content == "\n\nanswer"
     assert result.prompt_token_ids is None and result.response_token_ids is None
 
