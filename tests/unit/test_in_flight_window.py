@@ -60,3 +60,24 @@ def test_a_free_slot_is_taken_at_once_and_a_release_with_nobody_waiting_frees_it
         await asyncio.wait_for(window.acquire(), timeout=1.0)
 
     asyncio.run(scenario())
+
+
+def test_while_a_batch_arrives_free_slots_wait_for_its_resumed_conversations_and_new_work_after() -> None:
+    async def scenario() -> list[str]:
+        window = InFlightWindow(1)
+        seated: list[str] = []
+
+        async def take(name: str, *, first: bool) -> None:
+            await window.acquire(first=first)
+            seated.append(name)
+
+        with window.arriving():
+            new = asyncio.ensure_future(take("new", first=False))
+            await asyncio.sleep(0)
+            assert seated == []  # the slot is free, but a conversation may be arriving for it
+            await take("resumed", first=True)
+        window.release()
+        await new
+        return seated
+
+    assert asyncio.run(scenario()) == ["resumed", "new"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -290,6 +290,20 @@ def test_single_turn_rows_are_unchanged_by_turn_by_turn_generation(
     assert [[m.content for m in r] for r in server.requests] == [["q"]]
 
 
+def single(prompt_id: str, question: str, *, row: int) -> Prompt:
+    parsed = parse_row(
+        {"id": prompt_id, "messages": [{"role": "user", "content": question}]}, row=row, turns=Turns.ALL
+    )
+    assert isinstance(parsed, Prompt)
+    return parsed
+
+
+def resumed_at_its_second_turn(recorder: Recorder) -> Prompt:
+    """Conversation `resumed` (questions r1, r2), whose first turn the run keeps."""
+    recorder.turns["resumed"] = [completion("resumed", content="answer to r1").as_turn()]
+    return conversation("resumed", "r1", "r2", row=3)
+
+
 class SlowSaves(Recorder):
     """The run's state, whose first save of kept turns lands only when the test lets it; logs each write
     as it lands: ("keep", turns kept) or ("stage", prompt id)."""
@@ -362,19 +376,14 @@ def test_a_resumed_conversation_takes_a_freed_slot_before_new_work_that_waited_l
     server = TurnServer(held=True)
     engine = engine_of(server, window=1)
     recorder = Recorder()
-    recorder.turns["resumed"] = [completion("resumed", content="answer to r1").as_turn()]
+    resumed = resumed_at_its_second_turn(recorder)
     jobs: list[BatchJob] = []
     try:
         jobs.append(engine.submit_batch("r", [conversation("a", "a1", "a2")], SamplingSettings(), recorder))
         wait_until(lambda: server.running == 1, timeout_s=WAIT_S, what="a to take the slot")
         # And a new prompt waiting for the slot, then a conversation resumed at its second turn after it
-        new = parse_row(
-            {"id": "new", "messages": [{"role": "user", "content": "n1"}]}, row=2, turns=Turns.ALL
-        )
-        assert isinstance(new, Prompt)
-        jobs.append(engine.submit_batch("r", [new], SamplingSettings(), recorder))
+        jobs.append(engine.submit_batch("r", [single("new", "n1", row=2)], SamplingSettings(), recorder))
         wait_until(lambda: engine.waiting_for_slot == 1, timeout_s=WAIT_S, what="the new prompt to wait")
-        resumed = conversation("resumed", "r1", "r2", row=3)
         jobs.append(engine.submit_batch("r", [resumed], SamplingSettings(), recorder))
         wait_until(lambda: engine.waiting_for_slot == 2, timeout_s=WAIT_S, what="the resumed one to wait")
         # When the conversation holding the slot ends
@@ -388,3 +397,44 @@ def test_a_resumed_conversation_takes_a_freed_slot_before_new_work_that_waited_l
         engine.close()
     # Then the resumed conversation had the slot first, the new prompt after it
     assert [request[-1].content for request in server.requests] == ["a1", "a2", "r2", "n1"]
+
+
+class SlowKeptTurns(Recorder):
+    """The run's state, whose read of kept turns answers only when the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+        self.reading = threading.Event()
+
+    def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]:
+        self.reading.set()
+        assert self.answer.wait(WAIT_S)
+        return super().kept_turns(prompt_ids)
+
+
+def test_a_new_prompt_does_not_take_the_slot_of_a_conversation_resumed_in_a_batch_still_arriving() -> None:
+    # Given a worker with one free slot, and a batch resuming a conversation whose kept turns are being read
+    server = TurnServer(held=True)
+    engine = engine_of(server, window=1)
+    recorder = SlowKeptTurns()
+    resumed = resumed_at_its_second_turn(recorder)
+    jobs: list[BatchJob] = []
+    try:
+        jobs.append(engine.submit_batch("r", [resumed], SamplingSettings(), recorder))
+        assert recorder.reading.wait(WAIT_S)
+        # When a batch of a new prompt is delivered meanwhile
+        jobs.append(engine.submit_batch("r", [single("new", "n1", row=2)], SamplingSettings(), recorder))
+        wait_until(lambda: engine.waiting_for_slot == 1, timeout_s=WAIT_S, what="the new prompt to wait")
+        recorder.answer.set()
+        for question in ("r2", "n1"):
+            server.releaser(question).set()
+        for job in jobs:
+            job.outcome()
+    finally:
+        recorder.answer.set()
+        for event in list(server.release.values()):
+            event.set()
+        engine.close()
+    # Then the resumed conversation had the slot first
+    assert [request[-1].content for request in server.requests] == ["r2", "n1"]

@@ -407,9 +407,12 @@ class GenerationEngine:
                 elif verdict is Verdict.DEAD:  # its worker died between the proof and the dead letter
                     job.proven.add(prompt_id)
         conversations = [p.id for p in prompts if p.turn_ends]
-        if conversations:
-            job.kept_turns = await self._in_thread(job.handover.kept_turns, conversations)
-        await asyncio.gather(*(self._one(job, p) for p in prompts))
+        with self._window.arriving() if conversations else contextlib.nullcontext():
+            if conversations:
+                job.kept_turns = await self._in_thread(job.handover.kept_turns, conversations)
+            each = [asyncio.ensure_future(self._one(job, p)) for p in prompts]
+            await asyncio.sleep(0)  # each prompt's first step runs to its slot's request (or its slot)
+        await asyncio.gather(*each)
         return job.outcome
 
     async def _one(self, job: _Job, prompt: Prompt) -> None:
