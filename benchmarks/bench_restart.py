@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -56,6 +56,8 @@ class Outcome:
     verified: bool
     lost: int
     duplicated: int
+    killed_at: float | None = None  # Unix time
+    records: list[RequestRecord] = field(default_factory=list)  # the server's log of the run
 
 
 def handed_over(ledger: RunLedger) -> int:
@@ -122,6 +124,8 @@ def one_run(
         verified=report.ok and not report.missing,
         lost=len(report.missing),
         duplicated=len(report.duplicated) + len(report.committed_and_dead),
+        killed_at=killed_at,
+        records=records,
     )
 
 

@@ -76,6 +76,7 @@ from devstack.local_stack import (
 )
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_messages
 
 # Fault kinds, as spelled in --faults.
 KILL_GENERATE = "kill-generate"
@@ -738,8 +739,8 @@ def read_server_logs(sims: list[SimulatorProcess], run: str) -> ServerLog:
 def _queue_view(client: redis.Redis) -> dict[str, Any]:
     held = Counter(json.loads(raw)[2] for raw in client.hvals(KOMBU_UNACKED_KEY))
     return {
-        "queue_generate": client.llen(GENERATE_QUEUE),
-        "queue_upload": client.llen(UPLOAD_QUEUE),
+        "queue_generate": waiting_messages(client, GENERATE_QUEUE),
+        "queue_upload": waiting_messages(client, UPLOAD_QUEUE),
         "unacked_generate": held.get(GENERATE_QUEUE, 0),
         "unacked_upload": held.get(UPLOAD_QUEUE, 0),
         "unacked_index": client.zcard(KOMBU_UNACKED_INDEX_KEY),

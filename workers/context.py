@@ -129,13 +129,15 @@ class WorkerContext:
                 self._stores[url] = open_store(url)
             return self._stores[url]
 
-    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None:
+    def dispatch_generate(
+        self, run: str, batch_id: str, *, countdown_s: float, resumed: bool = False
+    ) -> None:
         if self.dispatcher is None:  # no app: the reconciler sends the batch again once its delay is over
             log.warning(
                 "batch %s of run %s handed back without a message; the reconciler resends it", batch_id, run
             )
             return
-        self.dispatcher.generate(run, batch_id, countdown_s=countdown_s)
+        self.dispatcher.generate(run, batch_id, countdown_s=countdown_s, resumed=resumed)
 
     def dispatch_flush(self, run: str) -> None:
         if self.dispatcher is not None:

@@ -32,11 +32,13 @@ class WorkerError(Exception):
 
 
 class RetryLater(WorkerError):
-    """The work cannot be done now; redeliver it after `delay_s`."""
+    """The work cannot be done now; redeliver it after `delay_s`, before work not begun when `resumed`
+    (a batch handed back once its work began)."""
 
-    def __init__(self, message: str, *, delay_s: float) -> None:
+    def __init__(self, message: str, *, delay_s: float, resumed: bool = False) -> None:
         super().__init__(message)
         self.delay_s = delay_s
+        self.resumed = resumed
 
 
 class UploadLockLost(RetryLater):

@@ -15,7 +15,7 @@ from celery import Celery, Task
 from workers.context import ContextHolder
 from workers.errors import RetryLater, RunBroken
 from workers.generate.batches import UNEXPECTED_ERROR_RETRY_S, handle_generate
-from workers.state.queues import FLUSH_TASK, GENERATE_TASK
+from workers.state.queues import FLUSH_TASK, GENERATE_TASK, RESUMED_BATCH_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ def register_tasks(app: Celery, contexts: ContextHolder) -> None:
             report = handle_generate(contexts.get(), run, batch_id)
         except RetryLater as error:
             log.warning("batch %s of run %s: %s; retrying in %.0f s", batch_id, run, error, error.delay_s)
-            raise self.retry(countdown=error.delay_s) from error
+            resumed = {"priority": RESUMED_BATCH_PRIORITY} if error.resumed else {}  # else its own
+            raise self.retry(countdown=error.delay_s, **resumed) from error
         except RunBroken:
             log.exception("batch %s names a broken run; dropping the message", batch_id)
             raise

@@ -39,6 +39,7 @@ from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_messages
 from workers.state.parked_messages import parked_counts
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
@@ -56,13 +57,9 @@ def queue_depths(client: redis.Redis) -> list[QueueDepth]:
     in_flight = split_unacked(
         value for _tag, value in client.hscan_iter(KOMBU_UNACKED_KEY, count=UNACKED_SCAN_COUNT)
     )
-    with client.pipeline(transaction=False) as pipe:
-        for queue in QUEUES:
-            pipe.llen(queue)
-        waiting = pipe.execute()
     return [
-        QueueDepth(queue=queue, waiting=int(depth), in_flight=in_flight.get(queue, 0))
-        for queue, depth in zip(QUEUES, waiting, strict=True)
+        QueueDepth(queue=queue, waiting=waiting_messages(client, queue), in_flight=in_flight.get(queue, 0))
+        for queue in QUEUES
     ]
 
 

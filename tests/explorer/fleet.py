@@ -417,7 +417,9 @@ class HarnessContext:
     def run_settings(self, run: str) -> RunSettings:
         return self._worker.fleet.settings
 
-    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None:
+    def dispatch_generate(
+        self, run: str, batch_id: str, *, countdown_s: float, resumed: bool = False
+    ) -> None:
         self._worker.fleet.bus.publish(self.redis, run, batch_id, countdown_s=countdown_s)
 
     def dispatch_flush(self, run: str) -> None:
@@ -431,7 +433,7 @@ class StepDispatcher:
         self._fleet = fleet
         self._client = client
 
-    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
+    def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0, resumed: bool = False) -> None:
         self._fleet.bus.publish(self._client, run, batch_id, countdown_s=countdown_s)
 
     def flush(self, run: str) -> None:

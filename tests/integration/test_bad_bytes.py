@@ -39,6 +39,7 @@ from tests.support.stack import simulators_running
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.codec import encode_blob
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_envelopes
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY, UPLOAD_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
@@ -95,7 +96,7 @@ def forge_staged(node: redis.Redis, field: str, blob: bytes) -> bool:
 
 def push_every_malformed_message(node: redis.Redis) -> int:
     item = generate_item(RUN, "0123456789abcdef")
-    queued = [json.loads(raw) for raw in node.lrange(GENERATE_QUEUE, 0, -1)]
+    queued = [json.loads(raw) for raw in waiting_envelopes(node, GENERATE_QUEUE)]
     task_id = queued[0]["headers"]["id"] if queued else "0f0f0f0f-0000-4000-8000-000000000000"
     on_generate = malformed_generate_items(item, expired_task_id=task_id)
     on_upload = malformed_upload_items(item, flush_item(RUN))
@@ -112,7 +113,7 @@ def push_every_malformed_message(node: redis.Redis) -> int:
 
 def offer_queued_tasks_as_revoked(url: str, node: redis.Redis) -> None:
     """A `hello` from another node carrying the ids of tasks still queued: no worker may discard them."""
-    ids = [envelope_of(raw)["headers"]["id"] for raw in node.lrange(GENERATE_QUEUE, 0, -1)]
+    ids = [envelope_of(raw)["headers"]["id"] for raw in waiting_envelopes(node, GENERATE_QUEUE)]
     app = sending_app(BrokerOptions(url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
     app.control.broadcast("hello", arguments={"from_node": "evil@elsewhere", "revoked": ids}, reply=False)
 

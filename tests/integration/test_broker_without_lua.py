@@ -16,6 +16,7 @@ from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.broker_without_lua import RedisWithoutLuaLocks
 from workers.state.dispatch import CeleryDispatcher
+from workers.state.kombu_layout import waiting_messages
 from workers.state.queues import GENERATE_QUEUE
 
 pytestmark = pytest.mark.integration
@@ -69,11 +70,11 @@ def test_a_message_past_its_visibility_timeout_comes_back_to_its_queue(
     CeleryDispatcher(sender).generate("run-1", "batch-1")
     channel = connection.default_channel
     taken = Queue(GENERATE_QUEUE, channel=channel).get(no_ack=False)
-    assert taken is not None and redis_client.llen(GENERATE_QUEUE) == 0
+    assert taken is not None and waiting_messages(redis_client, GENERATE_QUEUE) == 0
 
     channel.qos.restore_visible(num=1)
 
-    assert redis_client.llen(GENERATE_QUEUE) == 1
+    assert waiting_messages(redis_client, GENERATE_QUEUE) == 1
     assert not redis_client.exists("unacked_mutex")  # the restore lock was given up
     channel.qos.restore_at_shutdown = False
     connection.release()

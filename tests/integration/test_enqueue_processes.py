@@ -27,6 +27,7 @@ from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 from workers.state.runs import RunSettings
@@ -102,7 +103,7 @@ def batched(client: redis.Redis, run: str) -> dict[str, list[str]]:
 def published_batches(client: redis.Redis, run: str) -> Counter[str]:
     """How many messages in the queue carry each of the run's batches."""
     carried: Counter[str] = Counter()
-    for raw in client.lrange(GENERATE_QUEUE, 0, -1):
+    for raw in waiting_envelopes(client, GENERATE_QUEUE):
         body = json.loads(base64.b64decode(json.loads(raw)["body"]))
         batch_run, batch_id = body[0]
         if batch_run == run:

@@ -7,7 +7,8 @@ import redis
 
 from workers.app import make_app
 from workers.settings import WorkerSettings
-from workers.state.kombu_layout import drop_unacked_of_batches, waiting_generate_batches
+from workers.state.dispatch import CeleryDispatcher
+from workers.state.kombu_layout import drop_unacked_of_batches, waiting_generate_batches, waiting_messages
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 
 pytestmark = pytest.mark.integration
@@ -48,3 +49,32 @@ def test_a_delivered_unacknowledged_message_is_dropped_by_its_batch(redis_url: s
         assert (client.hlen(KOMBU_UNACKED_KEY), client.zcard(KOMBU_UNACKED_INDEX_KEY)) == (0, 0)
         queue.close()
     assert waiting_generate_batches(client, max_messages=ENOUGH_MESSAGES) == {("run-a", "batch-2")}
+
+
+def test_a_batch_dispatched_again_once_begun_is_delivered_before_new_ones_sent_earlier(
+    redis_url: str,
+) -> None:
+    # Given two new batches waiting, then a batch taken back from a dead worker (its work had begun)
+    app = make_app(WorkerSettings(redis_url=redis_url))
+    dispatcher = CeleryDispatcher(app)
+    dispatcher.generate("run-a", "new-1")
+    dispatcher.generate("run-a", "new-2")
+    dispatcher.generate("run-a", "taken-back", resumed=True)
+    client = redis.Redis.from_url(redis_url)
+    # Then the queue holds all three, and the reconciler sees each of them waiting
+    assert waiting_messages(client, GENERATE_QUEUE) == 3
+    assert waiting_generate_batches(client, max_messages=ENOUGH_MESSAGES) == {
+        ("run-a", "new-1"),
+        ("run-a", "new-2"),
+        ("run-a", "taken-back"),
+    }
+    # And a consumer takes the one taken back first, then the new ones in the order they were sent
+    delivered = []
+    with app.connection_for_read() as connection:
+        queue = connection.SimpleQueue(GENERATE_QUEUE)
+        for _ in range(3):
+            message = queue.get(block=True, timeout=RECEIVE_TIMEOUT_S)
+            delivered.append(message.payload[0][1])
+            message.ack()
+        queue.close()
+    assert delivered == ["taken-back", "new-1", "new-2"]

@@ -23,9 +23,9 @@ from workers.recovery.leases import Acquired, LeaseKeeper, decode_holder
 from workers.recovery.reconciler import Reconciler, ReconcileSettings
 from workers.settings import WorkerSettings
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import reserved_generate_batches, waiting_generate_batches
+from workers.state.kombu_layout import reserved_generate_batches, waiting_generate_batches, waiting_messages
 from workers.state.ledger import RunLedger
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK
+from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, queue_lists
 from workers.state.redis_client import redis_now_s
 from workers.state.runs import RunSettings
 
@@ -84,8 +84,9 @@ def test_a_lease_nobody_renews_is_taken_back_and_its_batch_dispatched_again(
     dispatcher = RecordingDispatcher()
     # When the reconciler passes
     report = reconciler(redis_client, dispatcher).reconcile_all()
-    # Then the batch is dispatched again, once, and a new delivery can lease it
+    # Then the batch is dispatched again, once, before every batch not begun, and a new delivery can lease it
     assert (report.expired_leases, dispatcher.generated) == (1, [(RUN, batch)])
+    assert dispatcher.resumed == [(RUN, batch)]
     assert reconciler(redis_client, dispatcher).reconcile_all().expired_leases == 0
     assert LeaseKeeper(redis_client, worker="gpu1").acquire(RUN, batch)[0] is Acquired.ACQUIRED
 
@@ -212,8 +213,8 @@ def test_enqueue_re_run_requeues_the_batches_whose_messages_were_lost(redis_url:
     first = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr
     client = redis.Redis.from_url(redis_url)
-    assert client.llen(GENERATE_QUEUE) == 4
-    client.delete(GENERATE_QUEUE)
+    assert waiting_messages(client, GENERATE_QUEUE) == 4
+    client.delete(*queue_lists(GENERATE_QUEUE))
     # When enqueue runs again with the same data
     again = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     # Then it adds nothing new, but every batch no message carried is queued again

@@ -17,8 +17,9 @@ from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
 from workers.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_GRACE_S
+from workers.state.kombu_layout import waiting_messages
 from workers.state.ledger import RunLedger
-from workers.state.queues import GENERATE_QUEUE
+from workers.state.queues import GENERATE_QUEUE, queue_lists
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +90,9 @@ def test_a_sigtermed_worker_finishes_its_requests_in_flight_and_hands_every_batc
         worker.process.wait(timeout=DEFAULT_SHUTDOWN_GRACE_S + EXIT_MARGIN_S)
         # Then it exits within the grace, holding no batch: every one is back in the queue
         assert not lease_holders(ledger)
-        assert ledger.client.llen(GENERATE_QUEUE) > 0
+        assert waiting_messages(ledger.client, GENERATE_QUEUE) > 0
+        # And the batches it had begun wait in the list consumers pop first, before those not begun
+        assert ledger.client.llen(queue_lists(GENERATE_QUEUE)[0]) > 0
         assert handed_over(ledger) < 400, "the run ended before the notice: nothing was handed back"
         # And another worker finishes the run with every prompt generated once: the requests in flight
         # finished within the grace and were kept

@@ -55,6 +55,7 @@ def take_back(client: redis.Redis, seat: Seat) -> list[str]:
     dispatcher = RecordingDispatcher()
     reconciler = Reconciler(client, dispatcher, ReconcileSettings(upload_max_age_s=LONG_S))
     reconciler.take_back_seat(seat.take(), seat.label)
+    assert dispatcher.resumed == dispatcher.generated  # each before every batch not begun
     return [batch_id for _run, batch_id in dispatcher.generated]
 
 

@@ -77,7 +77,9 @@ class InstantWorker:
     def run_settings(self, run: str) -> RunSettings:
         return self._run_settings
 
-    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None:
+    def dispatch_generate(
+        self, run: str, batch_id: str, *, countdown_s: float, resumed: bool = False
+    ) -> None:
         self.dispatched.append(batch_id)
 
     def dispatch_flush(self, run: str) -> None: ...

@@ -21,6 +21,7 @@ from workers.settings import WorkerSettings
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH, Transport
 from workers.state.dispatch import CeleryDispatcher
+from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
@@ -67,7 +68,7 @@ def test_our_channel_gives_the_unacked_message_back_to_its_queue(
 ) -> None:
     _, channel = unacked_channel
     channel.close()  # type: ignore[attr-defined]
-    assert redis_client.lrange(GENERATE_QUEUE, 0, -1) != []
+    assert waiting_envelopes(redis_client, GENERATE_QUEUE) != []
 
 
 def test_a_channel_that_never_connected_fails_with_an_error_celery_reconnects_from(redis_url: str) -> None:

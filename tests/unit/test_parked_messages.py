@@ -23,6 +23,7 @@ from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.keys import PARKED_MESSAGES_KEY
+from workers.state.kombu_layout import waiting_envelopes
 from workers.state.message_check import Malformation, why_malformed
 from workers.state.parked_messages import (
     UNACKED_QUEUE,
@@ -100,7 +101,8 @@ def test_an_unreadable_unacked_entry_is_parked_and_does_not_keep_the_others_from
     connection.default_channel.qos.restore_visible()
 
     assert redis_client.hlen(KOMBU_UNACKED_KEY) == 0
-    assert json.loads(redis_client.lindex(GENERATE_QUEUE, 0))["headers"]["task"] == GENERATE_TASK
+    [restored] = waiting_envelopes(redis_client, GENERATE_QUEUE)
+    assert json.loads(restored)["headers"]["task"] == GENERATE_TASK
     [parked] = recent_parked(redis_client, limit=10)
     assert (parked.reason, parked.queue) == ("bad_unacked_entry", UNACKED_QUEUE)
 
@@ -165,7 +167,7 @@ def test_a_message_kombu_restored_and_its_task_then_retried_are_well_formed(
 ) -> None:
     delivered = taken_unacknowledged(connection, redis_url)
     delivered.requeue()  # given back to its queue as a worker's restore does: marked redelivered
-    restored = redis_client.lindex(GENERATE_QUEUE, 0)
+    [restored] = waiting_envelopes(redis_client, GENERATE_QUEUE)
     assert json.loads(restored)["headers"]["redelivered"] is True
     assert why_malformed(restored, GENERATE_QUEUE) is None
     app = make_app(WorkerSettings(redis_url=redis_url))
@@ -177,4 +179,5 @@ def test_a_message_kombu_restored_and_its_task_then_retried_are_well_formed(
             task.retry(countdown=5)
     finally:
         task.pop_request()
-    assert why_malformed(redis_client.lindex(GENERATE_QUEUE, 0), GENERATE_QUEUE) is None
+    [retried] = waiting_envelopes(redis_client, GENERATE_QUEUE)
+    assert why_malformed(retried, GENERATE_QUEUE) is None

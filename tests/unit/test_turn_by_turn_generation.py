@@ -1,22 +1,34 @@
 """Conversations regenerated turn by turn by the generation engine, with a fake server: what each
-request holds, resuming at the next turn, per-turn truncation and failures, and the window kept full
-while conversations hold their seats."""
+request holds, resuming at the next turn, per-turn truncation and failures, the window kept full
+while conversations hold their seats, each next turn asked while the turns before are still being saved,
+and resumed conversations seated before new work."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import InferenceRejected
-from inference.records import Message, Origin, Prompt, Quality, SamplingSettings, Turns, Usage
+from inference.records import (
+    Completion,
+    Message,
+    Origin,
+    Prompt,
+    Quality,
+    SamplingSettings,
+    Turn,
+    Turns,
+    Usage,
+)
 from intake.rows import parse_row
 from tests.support.handover import Recorder
-from workers.generate.generation import GenerationEngine, RetryPolicy, Truncation
+from tests.support.records import completion
+from workers.generate.generation import BatchJob, GenerationEngine, RetryPolicy, Truncation
 from workers.state.runs import TruncationPolicy
 
 WAIT_S = 10.0
@@ -276,3 +288,153 @@ def test_single_turn_rows_are_unchanged_by_turn_by_turn_generation(
     [staged] = recorder.staged
     assert (staged.earlier_turns, staged.conversation_turns) == ([], 1)
     assert [[m.content for m in r] for r in server.requests] == [["q"]]
+
+
+def single(prompt_id: str, question: str, *, row: int) -> Prompt:
+    parsed = parse_row(
+        {"id": prompt_id, "messages": [{"role": "user", "content": question}]}, row=row, turns=Turns.ALL
+    )
+    assert isinstance(parsed, Prompt)
+    return parsed
+
+
+def resumed_at_its_second_turn(recorder: Recorder) -> Prompt:
+    """Conversation `resumed` (questions r1, r2), whose first turn the run keeps."""
+    recorder.turns["resumed"] = [completion("resumed", content="answer to r1").as_turn()]
+    return conversation("resumed", "r1", "r2", row=3)
+
+
+class SlowSaves(Recorder):
+    """The run's state, whose first save of kept turns lands only when the test lets it; logs each write
+    as it lands: ("keep", turns kept) or ("stage", prompt id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saves_land = threading.Event()
+        self.saving = threading.Event()  # the first save has begun and waits to land
+        self.landed: list[tuple[str, object]] = []
+
+    def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool:
+        if not self.saving.is_set():
+            self.saving.set()
+            assert self.saves_land.wait(WAIT_S)
+        self.landed.append(("keep", len(turns)))
+        return super().keep_turns(prompt_id, turns)
+
+    def stage(self, completion: Completion) -> bool:
+        self.landed.append(("stage", completion.prompt_id))
+        return super().stage(completion)
+
+
+def test_the_next_turn_is_asked_while_the_turns_before_it_are_still_being_saved(
+    engine: GenerationEngine, server: TurnServer
+) -> None:
+    # Given a run whose first save of kept turns is slow
+    recorder = SlowSaves()
+    job = engine.submit_batch("r", [conversation("c", "q1", "q2", "q3")], SamplingSettings(), recorder)
+    try:
+        # When the first turn ends, its save begun and not landed
+        assert recorder.saving.wait(WAIT_S)
+        # Then the second turn is asked already, and the third too: nothing waits for the saves
+        wait_until(lambda: len(server.requests) == 3, timeout_s=WAIT_S, what="the next turns to be asked")
+        assert recorder.landed == [] and recorder.staged == []
+    finally:
+        recorder.saves_land.set()
+    assert job.outcome().staged == 1
+
+
+def test_the_saves_of_a_conversation_land_in_order_and_before_its_stage(
+    engine: GenerationEngine, server: TurnServer
+) -> None:
+    # Given a conversation of three turns whose first save is held until every turn is answered
+    recorder = SlowSaves()
+    job = engine.submit_batch("r", [conversation("c", "q1", "q2", "q3")], SamplingSettings(), recorder)
+    wait_until(lambda: len(server.requests) == 3, timeout_s=WAIT_S, what="every turn to be asked")
+    # When the saves may land
+    recorder.saves_land.set()
+    outcome = job.outcome()
+    # Then the first turn's save landed before the second's, and both before the conversation was staged
+    assert recorder.landed == [("keep", 1), ("keep", 2), ("stage", "c")]
+    assert outcome.staged == 1 and recorder.turns == {}
+
+
+class FailingSaves(Recorder):
+    def keep_turns(self, prompt_id: str, turns: list[Turn]) -> bool:
+        raise ConnectionError("Redis went away")
+
+
+def test_a_save_that_fails_fails_the_batch_and_nothing_is_staged(engine: GenerationEngine) -> None:
+    recorder = FailingSaves()
+    job = engine.submit_batch("r", [conversation("c", "q1", "q2", "q3")], SamplingSettings(), recorder)
+    with pytest.raises(ConnectionError):
+        job.outcome()
+    assert recorder.staged == []
+
+
+def test_a_resumed_conversation_takes_a_freed_slot_before_new_work_that_waited_longer() -> None:
+    # Given a window of one slot, held by a new conversation of two turns
+    server = TurnServer(held=True)
+    engine = engine_of(server, window=1)
+    recorder = Recorder()
+    resumed = resumed_at_its_second_turn(recorder)
+    jobs: list[BatchJob] = []
+    try:
+        jobs.append(engine.submit_batch("r", [conversation("a", "a1", "a2")], SamplingSettings(), recorder))
+        wait_until(lambda: server.running == 1, timeout_s=WAIT_S, what="a to take the slot")
+        # And a new prompt waiting for the slot, then a conversation resumed at its second turn after it
+        jobs.append(engine.submit_batch("r", [single("new", "n1", row=2)], SamplingSettings(), recorder))
+        wait_until(lambda: engine.waiting_for_slot == 1, timeout_s=WAIT_S, what="the new prompt to wait")
+        jobs.append(engine.submit_batch("r", [resumed], SamplingSettings(), recorder))
+        wait_until(lambda: engine.waiting_for_slot == 2, timeout_s=WAIT_S, what="the resumed one to wait")
+        # When the conversation holding the slot ends
+        for question in ("a1", "a2", "r2", "n1"):
+            server.releaser(question).set()
+        for job in jobs:
+            job.outcome()
+    finally:
+        for event in list(server.release.values()):
+            event.set()
+        engine.close()
+    # Then the resumed conversation had the slot first, the new prompt after it
+    assert [request[-1].content for request in server.requests] == ["a1", "a2", "r2", "n1"]
+
+
+class SlowKeptTurns(Recorder):
+    """The run's state, whose read of kept turns answers only when the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = threading.Event()
+        self.reading = threading.Event()
+
+    def kept_turns(self, prompt_ids: Sequence[str]) -> dict[str, list[Turn]]:
+        self.reading.set()
+        assert self.answer.wait(WAIT_S)
+        return super().kept_turns(prompt_ids)
+
+
+def test_a_new_prompt_does_not_take_the_slot_of_a_conversation_resumed_in_a_batch_still_arriving() -> None:
+    # Given a worker with one free slot, and a batch resuming a conversation whose kept turns are being read
+    server = TurnServer(held=True)
+    engine = engine_of(server, window=1)
+    recorder = SlowKeptTurns()
+    resumed = resumed_at_its_second_turn(recorder)
+    jobs: list[BatchJob] = []
+    try:
+        jobs.append(engine.submit_batch("r", [resumed], SamplingSettings(), recorder))
+        assert recorder.reading.wait(WAIT_S)
+        # When a batch of a new prompt is delivered meanwhile
+        jobs.append(engine.submit_batch("r", [single("new", "n1", row=2)], SamplingSettings(), recorder))
+        wait_until(lambda: engine.waiting_for_slot == 1, timeout_s=WAIT_S, what="the new prompt to wait")
+        recorder.answer.set()
+        for question in ("r2", "n1"):
+            server.releaser(question).set()
+        for job in jobs:
+            job.outcome()
+    finally:
+        recorder.answer.set()
+        for event in list(server.release.values()):
+            event.set()
+        engine.close()
+    # Then the resumed conversation had the slot first
+    assert [request[-1].content for request in server.requests] == ["r2", "n1"]

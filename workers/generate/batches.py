@@ -59,7 +59,9 @@ class BatchContext(Protocol):
     @property
     def server_record(self) -> ServerRecord: ...
     def run_settings(self, run: str) -> RunSettings: ...
-    def dispatch_generate(self, run: str, batch_id: str, *, countdown_s: float) -> None: ...
+    def dispatch_generate(
+        self, run: str, batch_id: str, *, countdown_s: float, resumed: bool = False
+    ) -> None: ...
     def dispatch_flush(self, run: str) -> None: ...
 
 
@@ -230,7 +232,7 @@ def _settle_tail(
     except RetryLater as error:
         log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
         ctx.leases.release_if_held(lease, delay_s=error.delay_s)
-        ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s)
+        ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s, resumed=error.resumed)
         return
     except redis.RedisError:
         ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)  # the reconciler sends it again
@@ -247,11 +249,11 @@ def _settle_tail(
 
 
 def _hand_back(ctx: BatchContext, lease: Lease, why: str, *, delay_s: float) -> BatchReport:
-    """Some prompts are still to generate: the batch comes back in `delay_s`, unless another execution
-    has it now."""
+    """Some prompts are still to generate: the batch comes back in `delay_s`, before every batch not begun,
+    unless another execution has it now."""
     if not ctx.leases.release(lease, delay_s=delay_s):
         return _nothing(lease.batch_id, "taken over by another worker")
-    raise RetryLater(f"batch {lease.batch_id}: {why}", delay_s=delay_s)
+    raise RetryLater(f"batch {lease.batch_id}: {why}", delay_s=delay_s, resumed=True)
 
 
 def read_batch(

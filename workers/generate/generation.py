@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -48,6 +48,8 @@ from workers.generate.liveness import Outage
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Steadiness, TrialSettings
 from workers.generate.tribunal import Tribunal
+from workers.generate.turn_saves import TurnSaves
+from workers.generate.window import InFlightWindow
 from workers.state.ledger import gpu_label
 from workers.state.poison import Evidence, PoisonPolicy, TrialEnded, Verdict, describe
 from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
@@ -66,6 +68,10 @@ REASON_TOO_LARGE = DeadLetterReason.RECORD_TOO_LARGE.value
 # before its context check (4 for NEXTN 3/1/4, 20 for 5/4/8), and usage.prompt_tokens leaves them
 # out: a budget of exactly context - prompt_tokens is refused. Headroom for any usual setting.
 CONTEXT_HEADROOM_TOKENS = 64
+# Hand-over threads per window slot: each slot writes one record at a time (a stage, a dead letter, or a
+# conversation's turns so far), and a conversation's stage may still be landing when the slot's next
+# request finishes; with this many, no write ever waits for a thread.
+HANDOVER_THREADS_PER_SLOT = 2
 
 
 class ChatClient(Protocol):
@@ -245,7 +251,10 @@ class GenerationEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="generation-loop", daemon=True)
         self._thread.start()
-        self._window = self._call(self._make_window(max_in_flight))
+        self._window = InFlightWindow(max_in_flight)
+        self._handover_threads = ThreadPoolExecutor(
+            max_in_flight * HANDOVER_THREADS_PER_SLOT, thread_name_prefix="draftgen-handover"
+        )
         self._nobody_alone, self._idle, self._resumed = self._call(self._make_events())
         self._alone_lock = self._call(self._make_lock())
         self._client: ChatClient = self._call(self._make_client(client_factory))
@@ -273,10 +282,6 @@ class GenerationEngine:
         self._draining = False
 
     @staticmethod
-    async def _make_window(size: int) -> asyncio.Semaphore:
-        return asyncio.Semaphore(size)
-
-    @staticmethod
     async def _make_events() -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
         nobody_alone, idle, resumed = asyncio.Event(), asyncio.Event(), asyncio.Event()
         nobody_alone.set()
@@ -299,6 +304,11 @@ class GenerationEngine:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Prompts and conversations waiting for a slot of the window."""
+        return self._window.waiting
 
     @property
     def suspended(self) -> bool:
@@ -389,7 +399,7 @@ class GenerationEngine:
 
     async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
         if prompts:  # one read a batch: which of its prompts failed before, here or elsewhere
-            job.evidence = await asyncio.to_thread(job.handover.strikes_of, [p.id for p in prompts])
+            job.evidence = await self._in_thread(job.handover.strikes_of, [p.id for p in prompts])
             for prompt_id, evidence in job.evidence.items():
                 verdict = self._poison.judge(evidence)
                 if verdict is Verdict.TRIAL:
@@ -397,9 +407,12 @@ class GenerationEngine:
                 elif verdict is Verdict.DEAD:  # its worker died between the proof and the dead letter
                     job.proven.add(prompt_id)
         conversations = [p.id for p in prompts if p.turn_ends]
-        if conversations:
-            job.kept_turns = await asyncio.to_thread(job.handover.kept_turns, conversations)
-        await asyncio.gather(*(self._one(job, p) for p in prompts))
+        with self._window.arriving() if conversations else contextlib.nullcontext():
+            if conversations:
+                job.kept_turns = await self._in_thread(job.handover.kept_turns, conversations)
+            each = [asyncio.ensure_future(self._one(job, p)) for p in prompts]
+            await asyncio.sleep(0)  # each prompt's first step runs to its slot's request (or its slot)
+        await asyncio.gather(*each)
         return job.outcome
 
     async def _one(self, job: _Job, prompt: Prompt) -> None:
@@ -422,13 +435,26 @@ class GenerationEngine:
 
     async def _conversation(self, job: _Job, prompt: Prompt) -> None:
         """Every turn in order, each request holding the answers before it; one seat of the window for
-        the whole conversation (so that the turns of the conversations begun go before new ones). Each
-        finished turn but the last is kept with the run (`keep_turns`): a later delivery resumes at the
-        next turn. The conversation is staged whole, once, after its last turn, or after a turn truncated
-        in thinking (the turns after it would answer a broken one)."""
+        the whole conversation (so that the turns of the conversations begun go before new ones), taken
+        before any new one's when the conversation resumes at a kept turn. Each finished turn but the
+        last is kept with the run (`keep_turns`) while the next turn is already asked (`TurnSaves`): a
+        later delivery resumes at the next turn. The conversation is staged whole, once, after its last
+        turn, or after a turn truncated in thinking (the turns after it would answer a broken one), once
+        its turns' saves have landed and its seat is free for the next request."""
+        saves = TurnSaves(lambda turns: self._in_thread(job.handover.keep_turns, prompt.id, turns))
+        try:
+            whole = await self._turns(job, prompt, saves)
+        finally:
+            await saves.settled()
+        if whole is not None:
+            await self._stage(job, prompt, whole)
+
+    async def _turns(self, job: _Job, prompt: Prompt, saves: TurnSaves) -> Completion | None:
+        """The conversation's turns from the first not kept, in its seat: the completion to stage (its
+        last turn's, holding those before), or None once it is dead-lettered or left pending."""
         finished = list(job.kept_turns.get(prompt.id, []))
         count = prompt.turn_count
-        async with self._conversation_seat(alone=prompt.id in job.suspects):
+        async with self._conversation_seat(alone=prompt.id in job.suspects, resumed=bool(finished)):
             for index in range(len(finished), count):
                 job.turn_at[prompt.id] = (index + 1, count)
                 request = msgspec.structs.replace(
@@ -436,15 +462,14 @@ class GenerationEngine:
                 )
                 completion = await self._answer(job, request)
                 if completion is None or await self._dropped(job, prompt, completion):
-                    return
+                    return None
                 if index == count - 1 or completion.quality is Quality.TRUNCATED_IN_THINKING:
-                    whole = msgspec.structs.replace(
+                    return msgspec.structs.replace(
                         completion, earlier_turns=finished, conversation_turns=count
                     )
-                    await self._stage(job, prompt, whole)
-                    return
                 finished.append(completion.as_turn())
-                await asyncio.to_thread(job.handover.keep_turns, prompt.id, finished)
+                saves.keep(finished)
+        return None
 
     async def _stage(self, job: _Job, prompt: Prompt, completion: Completion) -> None:
         """Hand the completion over; one past the record limit is dead-lettered (it would never commit)."""
@@ -675,13 +700,13 @@ class GenerationEngine:
                 self._idle.set()
 
     @contextlib.asynccontextmanager
-    async def _conversation_seat(self, *, alone: bool) -> AsyncIterator[None]:
-        """A window slot a conversation holds from its first turn to its last (a suspect's turns each
-        take the whole server instead, see _slot)."""
+    async def _conversation_seat(self, *, alone: bool, resumed: bool) -> AsyncIterator[None]:
+        """A window slot a conversation holds from its first turn to its last, before any new one's when
+        it is `resumed` at a kept turn (a suspect's turns each take the whole server instead, see _slot)."""
         if alone:
             yield
             return
-        await self._window.acquire()
+        await self._window.acquire(first=resumed)
         try:
             yield
         finally:
@@ -723,9 +748,14 @@ class GenerationEngine:
                 self._nobody_alone.set()
             self._alone_lock.release()
 
-    @staticmethod
-    async def _hand_over(write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool) -> None:
-        if not await asyncio.to_thread(write, record):
+    async def _in_thread(self, call: Callable[..., T], *args: Any) -> T:
+        """A blocking call to the run's state, on the hand-over threads (never behind another's write)."""
+        return await self._loop.run_in_executor(self._handover_threads, call, *args)
+
+    async def _hand_over(
+        self, write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool
+    ) -> None:
+        if not await self._in_thread(write, record):
             outcome.already_handled += 1
         elif dead:
             outcome.dead_lettered += 1
@@ -738,3 +768,4 @@ class GenerationEngine:
         self._call(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        self._handover_threads.shutdown(wait=False, cancel_futures=True)

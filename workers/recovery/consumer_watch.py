@@ -24,6 +24,7 @@ import redis
 
 from workers.periodic import PeriodicThread
 from workers.state.exit_notes import leave_exit_note
+from workers.state.kombu_layout import waiting_messages
 from workers.state.queues import GENERATE_QUEUE
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class ConsumerWatch:
 
     def figures(self) -> ConsumerFigures:
         try:
-            waiting: int | None = int(self._client.llen(GENERATE_QUEUE))
+            waiting: int | None = waiting_messages(self._client, GENERATE_QUEUE)
         except redis.RedisError:
             waiting = None  # Redis away: no worker can consume; not this one's fault
         return ConsumerFigures(waiting=waiting, held=self._held(), taking=self._taking())

@@ -167,7 +167,8 @@ class Reconciler:
 
     def _dispatch_taken_back(self, run: str, flat: list[bytes], why: str) -> ReconcileReport:
         """Leases taken back (id, holder pairs): drop their dead holders' unacknowledged messages, then
-        dispatch their batches again."""
+        dispatch their batches again, before every batch not begun (their conversations under way resume
+        before new ones start)."""
         report = ReconcileReport()
         taken_back = [
             (raw.decode(), decode_holder(holder) if holder else None)
@@ -182,7 +183,7 @@ class Reconciler:
                 holder.worker if holder else "an unknown worker",
                 why,
             )
-            self._dispatch.generate(run, batch_id)
+            self._dispatch.generate(run, batch_id, resumed=True)
             report.expired_leases += 1
         return report
 

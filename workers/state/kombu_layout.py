@@ -15,7 +15,13 @@ from typing import Any
 
 import redis
 
-from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.state.queues import (
+    GENERATE_QUEUE,
+    GENERATE_TASK,
+    KOMBU_UNACKED_INDEX_KEY,
+    KOMBU_UNACKED_KEY,
+    queue_lists,
+)
 
 SCAN_COUNT = 1000
 
@@ -50,17 +56,32 @@ def _batch_of_unacked(value: bytes) -> tuple[str, str] | None:
     return _batch_of_message(message) if isinstance(message, dict) else None
 
 
+def waiting_messages(client: redis.Redis, queue: str) -> int:
+    """How many messages wait in a queue, at every priority."""
+    with client.pipeline(transaction=False) as pipe:
+        for name in queue_lists(queue):
+            pipe.llen(name)
+        return sum(int(length) for length in pipe.execute())
+
+
 def waiting_generate_batches(client: redis.Redis, *, max_messages: int) -> set[tuple[str, str]] | None:
-    """Every (run, batch id) waiting in the generate queue; None when it holds more than `max_messages`
-    (reading it all would cost more than the check is worth: a long queue has time to spare)."""
-    if client.llen(GENERATE_QUEUE) > max_messages:
+    """Every (run, batch id) waiting in the generate queue, at any priority; None when it holds more than
+    `max_messages` (reading it all would cost more than the check is worth: a long queue has time to
+    spare)."""
+    if waiting_messages(client, GENERATE_QUEUE) > max_messages:
         return None
-    found: set[tuple[str, str]] = set()
-    for envelope in client.lrange(GENERATE_QUEUE, 0, max_messages - 1):
-        batch = generate_batch_of(envelope)
-        if batch is not None:
-            found.add(batch)
-    return found
+    envelopes = waiting_envelopes(client, GENERATE_QUEUE, max_messages=max_messages)
+    return {batch for envelope in envelopes if (batch := generate_batch_of(envelope)) is not None}
+
+
+def waiting_envelopes(client: redis.Redis, queue: str, *, max_messages: int | None = None) -> list[bytes]:
+    """The envelopes waiting in a queue, at most `max_messages` of each priority (None: all), the next to
+    be delivered last."""
+    last = -1 if max_messages is None else max_messages - 1
+    with client.pipeline(transaction=False) as pipe:
+        for name in reversed(queue_lists(queue)):
+            pipe.lrange(name, 0, last)
+        return [envelope for waiting in pipe.execute() for envelope in waiting]
 
 
 def reserved_generate_batches(client: redis.Redis, run: str) -> set[str]:

@@ -5,7 +5,10 @@ a Celery app. kombu 5.7 (pinned in pyproject.toml) lays out a queue as a Redis l
 queue, each element a JSON envelope whose `body` is the base64 of the task's JSON
 `[args, kwargs, embed]`; delivered but unacknowledged messages sit in the hash `unacked` (delivery
 tag -> JSON `[envelope, exchange, routing key]`) and the sorted set `unacked_index` (delivery tag ->
-delivery time). tests/integration/test_kombu_layout.py fails if a kombu release changes that.
+delivery time). A queue's messages of each priority step wait in a list of their own: the queue's
+name for step 0, `<queue>\x06\x16<step>` for the others; a consumer pops step 0 first, so with Redis
+Celery's priority 0 is the highest. tests/integration/test_kombu_layout.py fails if a kombu release
+changes that.
 """
 
 from __future__ import annotations
@@ -16,7 +19,21 @@ QUEUES = (GENERATE_QUEUE, UPLOAD_QUEUE)
 GENERATE_TASK = "draftgen.generate"
 FLUSH_TASK = "draftgen.flush"
 
+# A batch dispatched again once its work began (taken back from a dead or silent worker, or handed back)
+# is delivered before every batch not begun yet: a conversation under way resumes before a new one starts.
+RESUMED_BATCH_PRIORITY = 0
+NEW_BATCH_PRIORITY = 3  # every other generate message (kombu's second priority step)
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+
 KOMBU_UNACKED_KEY = "unacked"
 KOMBU_UNACKED_INDEX_KEY = "unacked_index"
 EVENT_QUEUE_PREFIX = "celeryev."  # a process's queue of Celery events (`celeryev.<uuid>`), heard on Pub/Sub
 TASK_OF_QUEUE = {GENERATE_QUEUE: GENERATE_TASK, UPLOAD_QUEUE: FLUSH_TASK}  # the one task each queue carries
+
+
+def queue_lists(queue: str) -> tuple[str, ...]:
+    """The Redis lists of a queue's messages, one per priority step, the first served first."""
+    return tuple(
+        queue if step == 0 else f"{queue}{KOMBU_PRIORITY_SEP}{step}" for step in KOMBU_PRIORITY_STEPS
+    )
