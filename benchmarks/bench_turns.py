@@ -3,7 +3,7 @@
 
 One simulated GPU (48 slots, the reasoning length mix), conversations of 1 to 6 user turns
 (benchmarks/bench_pipeline.py's), one generate worker with the defaults. The gap is measured at the
-server (benchmarks/turn_gaps.py): from one turn's last token to the arrival of the next turn's request.
+server (benchmarks/server_figures.py): from one turn's last token to the arrival of the next turn's request.
 Also the slots held over the span in which conversations still started (bench_pipeline's measure).
 
 With `--kill`, the worker is SIGKILLed once half the conversations are handed over and restarted 2 s later
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_pipeline import WINDOW, bench_conversations, measure, pipeline_run
 from benchmarks.bench_restart import one_run
-from benchmarks.turn_gaps import describe_gaps, percentile, turn_gaps_s
+from benchmarks.server_figures import describe_gaps, finished, percentile, turn_gaps
 from devstack.local_stack import free_port, start_redis
 from inference.records import Prompt
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
@@ -108,7 +108,7 @@ def main() -> int:
                     records = sim.admin.requests()
         finally:
             redis_process.stop()
-    gaps = turn_gaps_s(records)
+    gaps = turn_gaps(finished(records, RUN))
     turns = sum(c.turn_count for c in conversations)
     held = measure(RUN, records).held_share
     print(

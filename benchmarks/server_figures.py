@@ -98,6 +98,14 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
+def describe_gaps(gaps: Sequence[float]) -> str:
+    """`n=…, p50=… ms, p99=… ms, max=… ms`."""
+    return (
+        f"n={len(gaps)} p50={percentile(gaps, 0.5) * 1000:.0f} ms p99={percentile(gaps, 0.99) * 1000:.0f} ms"
+        f" max={max(gaps, default=math.nan) * 1000:.0f} ms"
+    )
+
+
 @dataclass(frozen=True)
 class Ideal:
     """The least wall time the servers' stated capacity allows for the run's work, split evenly among
