@@ -221,6 +221,9 @@ RETRACT_LIVENESS = {
 RETRACT_PROMPTS = 24
 COMPANY_CLIENTS = 4
 COMPANY_MAX_TOKENS = 300
+# Each client's requests a little longer than the last one's: their ends drift apart, so the server never
+# waits between the company's requests all at once (with equal lengths they ended and prefilled together)
+COMPANY_STAGGER_TOKENS = 70
 COMPANY_TIMEOUT_S = 60.0
 
 
@@ -231,7 +234,12 @@ class Company:
     def __init__(self, base_url: str, clients: int) -> None:
         self._base_url = base_url
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._keep_busy, daemon=True) for _ in range(clients)]
+        self._threads = [
+            threading.Thread(
+                target=self._keep_busy, args=(COMPANY_MAX_TOKENS + i * COMPANY_STAGGER_TOKENS,), daemon=True
+            )
+            for i in range(clients)
+        ]
 
     def __enter__(self) -> Company:
         for thread in self._threads:
@@ -243,8 +251,8 @@ class Company:
         for thread in self._threads:
             thread.join(COMPANY_TIMEOUT_S)
 
-    def _keep_busy(self) -> None:
-        body = {"messages": [{"role": "user", "content": "company"}], "max_tokens": COMPANY_MAX_TOKENS}
+    def _keep_busy(self, max_tokens: int) -> None:
+        body = {"messages": [{"role": "user", "content": "company"}], "max_tokens": max_tokens}
         with httpx.Client(timeout=COMPANY_TIMEOUT_S) as client:
             while not self._stop.is_set():
                 client.post(f"{self._base_url}/chat/completions", json=body)

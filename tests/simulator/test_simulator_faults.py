@@ -304,6 +304,9 @@ def chunk_gaps(sim: SimulatorProcess, text: str) -> list[float]:
     return [later - earlier for earlier, later in itertools.pairwise(times)]
 
 
+SEEN_PAUSE_SHARE = 0.8  # of a retraction's pause, as the client times it between two chunks
+
+
 def retracted_total(sim: SimulatorProcess) -> float:
     return sample_value(
         httpx.get(sim.url + "/metrics", timeout=5).text, "sglang:num_retracted_requests_total"
@@ -325,7 +328,7 @@ def test_a_retracted_request_goes_silent_under_load_then_completes_and_alone_is_
         send_in_background(client, max_tokens=2000, text="a healthy prompt keeping the server busy")
         poll_until(lambda: running_and_queued(sim)[0] == 1)
         gaps = chunk_gaps(sim, "a long input, under load")
-    assert max(gaps) >= pause_s
+    assert max(gaps) >= pause_s * SEEN_PAUSE_SHARE  # the client may read the chunk before it a little late
     assert retracted_total(sim) == 1
     records = [r for r in sim.admin.requests() if r.status == "ok" and r.completion_tokens == 60]
     assert len(records) == 2  # both answered in full
