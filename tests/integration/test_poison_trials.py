@@ -162,8 +162,10 @@ def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outa
     """The issue's case at its worst: two GPUs whose servers die every 12 s whatever they serve, and seven
     of those outages falling on one ordinary prompt's requests, 1 s into each, twice in company and five
     times alone. Its trials alone are void: its servers fail as fast without it (every 12 s on average,
-    not the 20 s a failure 1 s in needs), so nothing convicts it, and once its luck turns it completes
-    alone and is committed. Everything else is committed once too."""
+    not the 20 s a failure 1 s in needs), so those outages convict nothing, and once its luck turns it
+    completes alone and is committed. (A trial that a server's own 12 s life ends a moment into may convict
+    once: the rule's residual, bounded by the three convictions a dead letter needs.) Everything else is
+    committed once too."""
     gpus: list[SupervisedSimulator] = []
     flaky = SimulatorSettings(speedup=FLAKY_SPEEDUP, enable_metrics=True, crash_every_s=CRASH_EVERY_S)
     outage = json.dumps({UNLUCKY: {"fault": "crash", "times": 1, "after_s": OUTAGE_INTO_IT_S}})
@@ -198,8 +200,15 @@ def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outa
         tried = trials(records(client, run)[unlucky])
         outcomes = [POLICY.outcome(t) for t in tried]
         assert outcomes.count(Outcome.VOID) >= OUTAGES_ON_IT - DEFAULT_SUSPICIONS_BEFORE_TRIAL, tried
-        assert Outcome.CONVICTED not in outcomes and outcomes[-1] is Outcome.ACQUITTED
-        assert all(POLICY.why(t).endswith("of both") for t in tried if t.ended is TrialEnd.WENT_DOWN)
+        # a trial that its server's own 12 s life ends a moment into may convict (the rule's residual: a
+        # failure faster than a twentieth of the server's life); a dead letter needs three, never seen
+        assert outcomes.count(Outcome.CONVICTED) < POLICY.convictions_to_dead, tried
+        assert outcomes[-1] is Outcome.ACQUITTED, tried
+        assert all(
+            POLICY.why(t).endswith("of both")
+            for t in tried
+            if t.ended is TrialEnd.WENT_DOWN and POLICY.outcome(t) is Outcome.VOID
+        )
         print(f"{sum(gpu.restarts for gpu in gpus)} restarts; the unlucky prompt's trials: {outcomes}")
     finally:
         stack.stop()
