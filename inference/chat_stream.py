@@ -33,7 +33,7 @@ ProgressCallback = Callable[[], None]
 
 LONGEST_CONTEXT_TOKENS = 1_048_576  # the longest context an SGLang-served model offers (1M tokens)
 TOKEN_ID_JSON_BYTES = 8  # a token id in a JSON list: at most 7 digits and ","
-MAX_CHARS_PER_TOKEN = 8  # a token's text: UTF-8 of a CJK or emoji token, or JSON's \uXXXX escapes
+MAX_CHARS_PER_TOKEN = 8  # a token's text: UTF-8 of a CJK or emoji token, or JSON's six-character escapes
 CHUNK_ENVELOPE_BYTES = 64 * 1024  # a chunk's fields beside its text or ids
 MAX_EVENT_BYTES = 2 * LONGEST_CONTEXT_TOKENS * TOKEN_ID_JSON_BYTES + CHUNK_ENVELOPE_BYTES
 """The largest event a server sends: the trailing `sglext` chunk with a whole context's ids, twice over

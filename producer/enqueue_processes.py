@@ -10,7 +10,7 @@ guarantees hold part by part (producer/enqueue.py).
 
 This process holds the run's enqueue lease, renews it and opens the enqueue (its number, the orphans
 judgement, the outbox); parts claim under its token and stop when it is lost. Everything travels as
-length-prefixed msgpack frames (no pickle): the part's start down its stdin, then its chunks, at most
+length-prefixed msgpack frames (plain data): the part's start down its stdin, then its chunks, at most
 `PART_CHUNKS_WAITING` waiting per part so memory stays flat, then an empty frame; its outcome comes back
 on its stdout. Parts run in process groups of their own, so Ctrl-C at the terminal reaches only this
 process, which stops dealing; the parts finish the chunks they were handed and report: the counts are
