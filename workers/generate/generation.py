@@ -199,7 +199,6 @@ class _Job:
     sent: threading.Event = field(default_factory=threading.Event)
     sent_ids: set[str] = field(default_factory=set)
     suspects: set[str] = field(default_factory=set)  # tried alone (workers/state/poison.py)
-    proven: set[str] = field(default_factory=set)  # their record dead-letters them already
     evidence: dict[str, list[Evidence]] = field(default_factory=dict)  # the poison records last read
     kept_turns: dict[str, list[Turn]] = field(default_factory=dict)  # conversations' finished turns
     turn_at: dict[str, tuple[int, int]] = field(default_factory=dict)  # conversation -> (turn, of)
@@ -270,8 +269,8 @@ class GenerationEngine:
                 suspended=lambda: self._suspended_because is not None,
                 resumed=self._resumed,
             ),
-            self._silence,
             SilenceWatch(trial_settings.silence_limit_s, self._client.chat),
+            self._in_thread,
             self._life,
             lambda: self._slot(alone=True),
         )
@@ -368,13 +367,7 @@ class GenerationEngine:
 
     def _stop_reason(self, job: _Job) -> str | None:
         """Why no new request of this job may be sent, or None."""
-        if self._suspended_because is not None:
-            return self._suspended_because
-        if self._draining:
-            return "worker shutting down"
-        if not job.still_held():
-            return "batch lease lost"
-        return None
+        return self._suspended_because or self._given_up(job)
 
     def submit_batch(
         self,
@@ -400,12 +393,11 @@ class GenerationEngine:
     async def _all(self, job: _Job, prompts: list[Prompt]) -> BatchOutcome:
         if prompts:  # one read a batch: which of its prompts failed before, here or elsewhere
             job.evidence = await self._in_thread(job.handover.strikes_of, [p.id for p in prompts])
-            for prompt_id, evidence in job.evidence.items():
-                verdict = self._poison.judge(evidence)
-                if verdict is Verdict.TRIAL:
-                    job.suspects.add(prompt_id)
-                elif verdict is Verdict.DEAD:  # its worker died between the proof and the dead letter
-                    job.proven.add(prompt_id)
+            job.suspects.update(
+                prompt_id
+                for prompt_id, evidence in job.evidence.items()
+                if self._poison.judge(evidence) is Verdict.TRIAL
+            )
         conversations = [p.id for p in prompts if p.turn_ends]
         with self._window.arriving() if conversations else contextlib.nullcontext():
             if conversations:
@@ -422,8 +414,9 @@ class GenerationEngine:
             job.mark_sent(prompt.id)
 
     async def _generate(self, job: _Job, prompt: Prompt) -> None:
-        if prompt.id in job.proven:
-            await self._dead_letter_poison(job, prompt, job.evidence[prompt.id])
+        evidence = job.evidence.get(prompt.id, [])
+        if self._poison.judge(evidence) is Verdict.DEAD:  # its worker died between the proof and the letter
+            await self._dead_letter_poison(job, prompt, evidence)
             return
         if prompt.turn_ends:
             await self._conversation(job, prompt)

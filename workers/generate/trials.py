@@ -177,12 +177,7 @@ def trial_end(error: InferenceUnavailable, *, server_answers: bool) -> TrialEnd:
         return TrialEnd.WEDGED if error.outage.state == Liveness.HUNG.value else TrialEnd.WENT_DOWN
     if error.cause is FailureCause.SILENT:
         return TrialEnd.SILENT
-    if error.cause in {
-        FailureCause.DROPPED,
-        FailureCause.TIMED_OUT,
-        FailureCause.MALFORMED,
-        FailureCause.REFUSED,
-    }:
+    if error.cause in _LOST_CAUSES:
         return TrialEnd.DROPPED if server_answers else TrialEnd.WENT_DOWN
     return TrialEnd.GIVEN_UP  # an error status: the server answered, not a failure to answer
 
@@ -221,11 +216,6 @@ class Court:
     @staticmethod
     def now() -> float:
         return asyncio.get_running_loop().time()
-
-    def control_s(self) -> float:
-        """The control a trial starting now has: the shorter of the stretch and the mean between failures."""
-        now = self.now()
-        return min(self.steadiness.control_s(now), self.steadiness.mean_up_s(now))
 
     async def canary(self, sampling: SamplingSettings, why: str) -> bool:
         answered = await self._canary(sampling, why=why)

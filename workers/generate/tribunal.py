@@ -5,7 +5,6 @@ workers/generate/trials.py's; the engine (workers/generate/generation.py) holds 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -13,7 +12,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -23,13 +22,11 @@ from inference.records import SamplingSettings
 from workers.generate.silence import SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Ruling, failed_after_s, trial_end
 from workers.state.poison import (
-    NOTE_MAX_CHARS,
     Evidence,
     PoisonPolicy,
     Suspicion,
     TrialBegun,
     TrialEnd,
-    TrialEnded,
     Verdict,
 )
 
@@ -70,8 +67,8 @@ Reason = Callable[[], str | None]
 class Tribunal:
     policy: PoisonPolicy
     court: Court
-    silence: SilenceWatch  # the engine's: its one-token question is every canary
     trial_silence: SilenceWatch  # a lone suspect's silence, judged with the liveness stall window
+    in_thread: Callable[..., Awaitable[Any]]  # a blocking call to the run's state, on the engine's threads
     life: Callable[[], str]  # the server's life as the strikes name it
     alone: Callable[[], AbstractAsyncContextManager[None]]  # the whole server: nothing else in flight
 
@@ -96,7 +93,7 @@ class Tribunal:
             return None
         steadiness.failed(court.now(), server_down=with_server)
         event = Suspicion(life=self.life(), cause=cause, with_server=with_server, at=time.time())
-        evidence = await asyncio.to_thread(case.handover.strike, prompt_id, event)
+        evidence = await self._strike(case, prompt_id, event)
         case.evidence[prompt_id] = evidence
         verdict = self.policy.judge(evidence)
         if verdict is Verdict.TRIAL and prompt_id not in case.suspects:
@@ -145,7 +142,7 @@ class Tribunal:
             control_s=round(steadiness.control_s(canary_at), 3),
             mean_up_s=round(steadiness.mean_up_s(canary_at), 3),
         )
-        await asyncio.to_thread(case.handover.strike, prompt_id, begun)
+        await self._strike(case, prompt_id, begun)
         started = court.now()
         begun = msgspec.structs.replace(begun, canary_before_s=round(started - canary_at, 3))
         steadiness.trial_began(started)
@@ -163,9 +160,8 @@ class Tribunal:
                 case, prompt_id, begun, error, started=started, last_sign=signs[-1], given_up=given_up
             )
             raise
-        steadiness.trial_completed()
-        steadiness.served(court.now())
-        await asyncio.to_thread(case.handover.strike, prompt_id, _ended(begun, TrialEnd.COMPLETED))
+        steadiness.trial_completed()  # served: the engine notes it with the result, as for any answer
+        await self._strike(case, prompt_id, begun.end(TrialEnd.COMPLETED))
         case.suspects.discard(prompt_id)
         log.warning("prompt %s: acquitted, it completed alone", prompt_id)
         return result
@@ -204,38 +200,20 @@ class Tribunal:
             )
             if ruling is not Ruling.BACK:
                 note = f"{note}; {ruling.value}"
-        ended = _ended(
-            begun,
+        ended = begun.end(
             TrialEnd.GIVEN_UP if ruling is Ruling.GIVEN_UP else ending,
             failed_after_s=took_s,
             canary_after_s=back_s if ruling is Ruling.BACK else None,
             note=note,
         )
-        evidence = await asyncio.to_thread(case.handover.strike, prompt_id, ended)
+        evidence = await self._strike(case, prompt_id, ended)
         case.evidence[prompt_id] = evidence
         outcome = self.policy.outcome(ended)
         log.warning("prompt %s: its trial alone is %s: %s", prompt_id, outcome.value, self.policy.why(ended))
         if self.policy.judge(evidence) is Verdict.DEAD:
             raise ProvenPoison(evidence)
 
-
-def _ended(
-    begun: TrialBegun,
-    ending: TrialEnd,
-    *,
-    failed_after_s: float = 0.0,
-    canary_after_s: float | None = None,
-    note: str = "",
-) -> TrialEnded:
-    return TrialEnded(
-        trial=begun.trial,
-        life=begun.life,
-        started_at=begun.started_at,
-        canary_before_s=begun.canary_before_s,
-        control_s=begun.control_s,
-        mean_up_s=begun.mean_up_s,
-        ended=ending,
-        failed_after_s=round(failed_after_s, 3),
-        canary_after_s=None if canary_after_s is None else round(canary_after_s, 3),
-        note=note[:NOTE_MAX_CHARS],
-    )
+    async def _strike(self, case: Case, prompt_id: str, event: Evidence) -> list[Evidence]:
+        """Add the event to the prompt's record (on the engine's hand-over threads); the whole record."""
+        evidence: list[Evidence] = await self.in_thread(case.handover.strike, prompt_id, event)
+        return evidence

@@ -144,7 +144,7 @@ class RunLedger:
         kept, unreadable = self._each_readable(
             self.keys.turns,
             prompt_ids,
-            lambda raw: decode_blob(raw, list[Turn], limit_bytes=RECORD_LIMIT_BYTES),
+            lambda _prompt_id, raw: decode_blob(raw, list[Turn], limit_bytes=RECORD_LIMIT_BYTES),
         )
         if unreadable:
             self.client.hdel(self.keys.turns, *unreadable)
@@ -173,18 +173,15 @@ class RunLedger:
         return decode_evidence(raw, prompt_id)
 
     def strikes_of(self, prompt_ids: Sequence[str]) -> dict[str, list[Evidence]]:
-        """The poison records of these prompts (those with none are left out)."""
-        if not prompt_ids:
-            return {}
-        raws = self.client.hmget(self.keys.strikes, list(prompt_ids))
-        return {
-            prompt_id: decode_evidence(raw, prompt_id)
-            for prompt_id, raw in zip(prompt_ids, raws, strict=True)
-            if raw is not None
-        }
+        """The poison records of these prompts (those with none are left out; a record that is not ours
+        is no evidence: `decode_evidence` never raises)."""
+        records, _ = self._each_readable(
+            self.keys.strikes, prompt_ids, lambda prompt_id, raw: decode_evidence(raw, prompt_id)
+        )
+        return records
 
     def _each_readable(
-        self, key: str, prompt_ids: Sequence[str], decode: Callable[[bytes], T]
+        self, key: str, prompt_ids: Sequence[str], decode: Callable[[str, bytes], T]
     ) -> tuple[dict[str, T], list[str]]:
         """Each prompt's value in the hash `key` that can be read, and the prompts whose value cannot."""
         if not prompt_ids:
@@ -195,7 +192,7 @@ class RunLedger:
             if raw is None:
                 continue
             try:
-                found[prompt_id] = decode(raw)
+                found[prompt_id] = decode(prompt_id, raw)
             except RecordUnreadable as error:
                 log.warning("%s of %s cannot be read, left out: %s", key, prompt_id, error)
                 unreadable.append(prompt_id)

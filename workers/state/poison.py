@@ -101,6 +101,23 @@ class TrialBegun(Record, frozen=True, tag="trial"):
     control_s: float  # the server had worked this long without failing, as its worker saw it
     mean_up_s: float  # its mean time between failures, as its worker saw them (trials left out)
 
+    def end(
+        self,
+        ending: TrialEnd,
+        *,
+        failed_after_s: float = 0.0,
+        canary_after_s: float | None = None,
+        note: str = "",
+    ) -> TrialEnded:
+        """This trial's end, as recorded: times to the millisecond, the note within NOTE_MAX_CHARS."""
+        return TrialEnded(
+            **msgspec.structs.asdict(self),
+            ended=ending,
+            failed_after_s=round(failed_after_s, 3),
+            canary_after_s=None if canary_after_s is None else round(canary_after_s, 3),
+            note=note[:NOTE_MAX_CHARS],
+        )
+
 
 class TrialEnded(Record, frozen=True, tag="verdict"):
     trial: str
