@@ -20,10 +20,12 @@ Last line: restart_wall_ratio=<restarted ÷ uninterrupted> idle_after_kill_s=<re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,6 +131,23 @@ def one_run(
     )
 
 
+@contextlib.contextmanager
+def one_reasoning_gpu(speedup: float) -> Iterator[tuple[SimulatorProcess, str, Path]]:
+    """A scratch folder for logs, a redis-server and one simulated GPU (48 slots, the reasoning length mix,
+    a request log long enough for a whole run): (the GPU, Redis's URL, the folder)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        logs = Path(scratch)
+        redis_process = start_redis(free_port(), logs / "redis", logs)
+        settings = SimulatorSettings(
+            speedup=speedup, max_running_requests=WINDOW, request_log_size=100_000, length_mix=REASONING
+        )
+        try:
+            with SimulatorProcess(settings) as sim:
+                yield sim, redis_process.url, logs
+        finally:
+            redis_process.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -138,33 +157,16 @@ def main() -> int:
     args = parser.parse_args()
     prompts = bench_prompts(args.prompts)
     outcomes: list[Outcome] = []
-    with tempfile.TemporaryDirectory() as scratch:
-        logs = Path(scratch)
-        redis_process = start_redis(free_port(), logs / "redis", logs)
-        settings = SimulatorSettings(
-            speedup=args.speedup, max_running_requests=WINDOW, request_log_size=100_000, length_mix=REASONING
-        )
-        try:
-            with SimulatorProcess(settings) as sim:
-                for name, kill, comeback_gpu in (
-                    ("uninterrupted", False, 0),
-                    ("restarted", True, 0),
-                    ("another-label", True, 1),
-                ):
-                    outcomes.append(
-                        one_run(
-                            sim,
-                            redis_process.url,
-                            logs,
-                            prompts,
-                            name=name,
-                            kill=kill,
-                            comeback_gpu=comeback_gpu,
-                        )
-                    )
-                    print(f"{name}: {outcomes[-1].wall_s:.1f} s", file=sys.stderr)
-        finally:
-            redis_process.stop()
+    with one_reasoning_gpu(args.speedup) as (sim, redis_url, logs):
+        for name, kill, comeback_gpu in (
+            ("uninterrupted", False, 0),
+            ("restarted", True, 0),
+            ("another-label", True, 1),
+        ):
+            outcomes.append(
+                one_run(sim, redis_url, logs, prompts, name=name, kill=kill, comeback_gpu=comeback_gpu)
+            )
+            print(f"{name}: {outcomes[-1].wall_s:.1f} s", file=sys.stderr)
     base = outcomes[0].wall_s
     print(f"{args.prompts} prompts, reasoning length mix, speedup {args.speedup:g}, one GPU, 48 slots")
     print(

@@ -21,20 +21,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.bench_pipeline import WINDOW, bench_conversations, measure, pipeline_run
-from benchmarks.bench_restart import one_run
+from benchmarks.bench_pipeline import bench_conversations, measure, pipeline_run
+from benchmarks.bench_restart import one_reasoning_gpu, one_run
 from benchmarks.server_figures import describe_gaps, finished, percentile, turn_gaps
-from devstack.local_stack import free_port, start_redis
 from inference.records import Prompt
-from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
-from inference.simulator.length_mix import REASONING
+from inference.simulator import RequestRecord, SimulatorProcess
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
 from workers.state.runs import DEFAULT_BATCH_SIZE
 
@@ -90,24 +87,13 @@ def main() -> int:
     args = parser.parse_args()
     conversations = bench_conversations(args.requests)
     killed_at: float | None = None
-    with tempfile.TemporaryDirectory() as scratch:
-        logs = Path(scratch)
-        redis_process = start_redis(free_port(), logs / "redis", logs)
-        settings = SimulatorSettings(
-            speedup=args.speedup, max_running_requests=WINDOW, request_log_size=100_000, length_mix=REASONING
-        )
-        try:
-            with SimulatorProcess(settings) as sim:
-                if args.kill:
-                    outcome = one_run(
-                        sim, redis_process.url, logs, conversations, name=RUN, kill=True, comeback_gpu=0
-                    )
-                    wall_s, killed_at, records = outcome.wall_s, outcome.killed_at, outcome.records
-                else:
-                    wall_s = run_once(sim, redis_process.url, logs, conversations)
-                    records = sim.admin.requests()
-        finally:
-            redis_process.stop()
+    with one_reasoning_gpu(args.speedup) as (sim, redis_url, logs):
+        if args.kill:
+            outcome = one_run(sim, redis_url, logs, conversations, name=RUN, kill=True, comeback_gpu=0)
+            wall_s, killed_at, records = outcome.wall_s, outcome.killed_at, outcome.records
+        else:
+            wall_s = run_once(sim, redis_url, logs, conversations)
+            records = sim.admin.requests()
     gaps = turn_gaps(finished(records, RUN))
     turns = sum(c.turn_count for c in conversations)
     held = measure(RUN, records).held_share
