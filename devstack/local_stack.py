@@ -21,6 +21,7 @@ from pathlib import Path
 
 from inference.private_files import PRIVATE_FILE_MODE, write_private
 from inference.simulator.process import free_port as free_port  # one free-port finder for all
+from inference.simulator.process import pinned_to_cpu
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REDIS_CONF = PROJECT_ROOT / "deploy" / "redis.conf"
@@ -221,9 +222,7 @@ def celery_worker(
         argv += ["--without-mingle", "--without-gossip"]
     if concurrency is not None:
         argv += ["-c", str(concurrency)]
-    if cpu is not None:
-        argv = ["taskset", "-c", str(cpu), *argv]
-    return ManagedProcess(name, argv, log_dir / f"{name}.log", env=env)
+    return ManagedProcess(name, pinned_to_cpu(argv, cpu), log_dir / f"{name}.log", env=env)
 
 
 def start_celery_worker(

@@ -27,11 +27,12 @@ from inference.errors import (
     status_error,
 )
 from inference.records import Usage
+from inference.sampling_options import MAX_TOKENS_LIMIT
 
 ProgressCallback = Callable[[], None]
 """Called on every chunk of a request's stream: the request's own sign of life."""
 
-LONGEST_CONTEXT_TOKENS = 1_048_576  # the longest context an SGLang-served model offers (1M tokens)
+LONGEST_CONTEXT_TOKENS = MAX_TOKENS_LIMIT  # the longest context an SGLang-served model offers (1M)
 TOKEN_ID_JSON_BYTES = 8  # a token id in a JSON list: at most 7 digits and ","
 MAX_CHARS_PER_TOKEN = 8  # a token's text: UTF-8 of a CJK or emoji token, or JSON's six-character escapes
 CHUNK_ENVELOPE_BYTES = 64 * 1024  # a chunk's fields beside its text or ids

@@ -239,6 +239,7 @@ class Engine:
         verifies = self._step - request.start_step if request.phase is Phase.RUNNING else 0
         request.aborted = True
         self._finish(request, self.produced(request), verifies)
+        self._evict_cache()
         self._wake.set()
 
     def set_hung(self, hung: bool) -> None:
@@ -335,11 +336,15 @@ class Engine:
         return min(self.cache.match_prefix(request.prompt_ids), request.prompt_tokens - 1)
 
     def _cache_tokens(self, ids: Sequence[int]) -> None:
-        """Insert `ids` in the prefix cache, which keeps what the running requests leave of the KV pool."""
-        if self.cache is None or not ids:
-            return
-        self.cache.insert(ids)
-        self.cache.evict(max(0, self._settings.max_total_tokens - self.kv_tokens()))
+        """Insert `ids` in the prefix cache (`_evict_cache` then keeps it within its room)."""
+        if self.cache is not None and ids:
+            self.cache.insert(ids)
+
+    def _evict_cache(self) -> None:
+        """Keep the prefix cache within what the running requests leave of the KV pool: once after the
+        inserts of a prefill batch or of the requests finishing together (each eviction walks the tree)."""
+        if self.cache is not None:
+            self.cache.evict(max(0, self._settings.max_total_tokens - self.kv_tokens()))
 
     def _cache_finished(self, request: SimRequest) -> None:
         """Cache the prompt and the output. The simulator's template renders an earlier answer without its
@@ -386,6 +391,8 @@ class Engine:
             request.progress.set()
         for request in batch:
             self._cache_tokens(request.prompt_ids)
+        self._evict_cache()
+        for request in batch:
             if request.retract_pause_wall_s and not request.retracted and len(self._running) > 1:
                 self._retract(request)
         cached_tokens = sum(request.cached_tokens for request in batch)
@@ -469,6 +476,7 @@ class Engine:
         self._wake.set()
 
     def _finish_due(self) -> None:
+        finished = False
         while self._heap and self._heap[0][0] <= self._step:
             entry = heapq.heappop(self._heap)
             request = entry[2]
@@ -476,6 +484,9 @@ class Engine:
                 self._running.discard(request)
                 steps = self._step - request.start_step
                 self._finish(request, self._tokens_after(request, steps), steps)
+                finished = True
+        if finished:
+            self._evict_cache()
 
     def _finish(self, request: SimRequest, tokens: int, verifies: int) -> None:
         request.phase = Phase.FINISHED

@@ -39,6 +39,13 @@ def free_port(host: str = LOCALHOST) -> int:
         return port
 
 
+def pinned_to_cpu(argv: list[str], cpu: int | None) -> list[str]:
+    """The command run on that core alone (every thread of it), with `taskset` where there is one."""
+    if cpu is None or not shutil.which("taskset"):
+        return argv
+    return ["taskset", "-c", str(cpu), *argv]
+
+
 class SimulatorProcess:
     """Starts `python -m inference.simulator` with `settings` (port replaced by a free one unless
     `keep_port`), waits for `/health` 200 (deadline `startup_timeout_s`), and stops it on exit.
@@ -86,9 +93,7 @@ class SimulatorProcess:
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", SIMULATOR_MODULE, *settings_to_argv(self.settings)]
-        if self.cpu is not None and shutil.which("taskset"):
-            command = ["taskset", "-c", str(self.cpu), *command]
-        return command
+        return pinned_to_cpu(command, self.cpu)
 
     def start(self, wait: bool = True) -> SimulatorProcess:
         """Launch the process; with `wait`, return once `/health` answers 200."""

@@ -40,7 +40,6 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._root = _Node((), None, 0)
         self.size_tokens = 0
-        self.evicted_tokens = 0
 
     def match_prefix(self, ids: Sequence[int]) -> int:
         """The number of leading tokens of `ids` the cache holds; the nodes on the way are touched."""
@@ -88,7 +87,6 @@ class RadixCache:
             assert parent is not None  # the root is never a leaf on the heap
             del parent.children[leaf.key[0]]
             self.size_tokens -= len(leaf.key)
-            self.evicted_tokens += len(leaf.key)
             if parent is not self._root and not parent.children:
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
 

@@ -229,9 +229,10 @@ class _ChatCall:
                 sglext["spec_tokens_details"] = details
         # return_prompt_token_ids alone gives the choice its prompt ids; return_token_ids gives both
         in_choice = body.return_prompt_token_ids or body.return_token_ids
-        prompt_ids = (
-            prompt_token_ids(body.messages, plan.thinking_on)
-            if in_choice or body.return_input_ids_in_sglext
+        wants_prompt_ids = in_choice or body.return_input_ids_in_sglext
+        prompt_ids = (  # the prefix cache's key is the same ids, already made unless the cache is off
+            (list(request.prompt_ids) or prompt_token_ids(body.messages, plan.thinking_on))
+            if wants_prompt_ids
             else None
         )
         response_ids = (
@@ -331,8 +332,13 @@ class _ChatCall:
     def _chunk_ends(self, request: SimRequest, emitted: int) -> list[int]:
         """Token counts at which the chunks since `emitted` end: SGLang's, each its own chunk (step
         chunking), or merged into one per write (wall chunking)."""
-        cuts = self.state.engine.stream_cuts(request, emitted)
-        return cuts if self.state.settings.stream_chunking == STREAM_CHUNKING_STEP else cuts[-1:]
+        engine, settings = self.state.engine, self.state.settings
+        if settings.stream_chunking == STREAM_CHUNKING_STEP:
+            return engine.stream_cuts(request, emitted)
+        if settings.stream_interval == 1:  # every step ends a chunk: merged, they end at what is produced
+            produced = engine.produced(request)
+            return [produced] if produced > emitted else []
+        return engine.stream_cuts(request, emitted)[-1:]
 
     def _held_reasoning_events(
         self, record: RequestRecord, body: ChatRequest, held: list[str]
