@@ -41,6 +41,7 @@ from tests.explorer.invariants import Invariants
 from tests.explorer.schedule import Killed, Process, Scheduler
 from workers.record.reading import read_enqueued_ids
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_messages
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE
 
@@ -268,7 +269,7 @@ class Explorer:
 
     def _queued(self) -> int:
         """Messages waiting (a real worker blocks on an empty queue: polling it is no event)."""
-        return int(self.fleet.admin.llen(GENERATE_QUEUE))
+        return waiting_messages(self.fleet.admin, GENERATE_QUEUE)
 
     def _running(self, process: Process, what: str) -> int:
         return sum(1 for s in self.scheduler.steps if s.process is process and s.what == what and not s.ended)
@@ -355,7 +356,7 @@ class Explorer:
         admin, keys = self.fleet.admin, RunKeys(RUN)
         return (
             f"{RunLedger(admin, RUN).counts()}, open batches {admin.zcard(keys.open_batches)}, "
-            f"leases {admin.zcard(keys.leases)}, queued {admin.llen(GENERATE_QUEUE)}, "
+            f"leases {admin.zcard(keys.leases)}, queued {waiting_messages(admin, GENERATE_QUEUE)}, "
             f"flush requests {len(self.fleet.flush_requests)}"
         )
 

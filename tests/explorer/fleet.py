@@ -80,12 +80,19 @@ from workers.state.poison import (
     Suspicion,
     TrialBegun,
     TrialEnd,
-    TrialEnded,
     Verdict,
     describe,
 )
 from workers.state.protocol import LIBRARY
-from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
+from workers.state.queues import (
+    GENERATE_QUEUE,
+    KOMBU_PRIORITY_STEPS,
+    KOMBU_UNACKED_INDEX_KEY,
+    KOMBU_UNACKED_KEY,
+    NEW_BATCH_PRIORITY,
+    RESUMED_BATCH_PRIORITY,
+    queue_lists,
+)
 from workers.state.runs import RunSettings
 
 RUN = "explored"
@@ -204,10 +211,20 @@ class Delivery:
     run: str
     batch_id: str
     eta_s: float
+    priority: int  # the kombu priority step it was sent with: a task retry keeps it
+
+
+GENERATE_LISTS = queue_lists(GENERATE_QUEUE)  # one per priority step, the first popped first
+
+
+def generate_list(priority: int) -> str:
+    """The list a generate message of this priority waits in (draftgen sends only kombu's steps)."""
+    return GENERATE_LISTS[KOMBU_PRIORITY_STEPS.index(priority)]
 
 
 class Bus:
-    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients. Messages
+    """The generate queue in kombu's Redis layout, worked through the steps' own gated clients: a list per
+    priority step, a batch dispatched again once begun in the first, new work in the second. Messages
     are as enqueue and the reconciler send them (a real one, with another call and eta); what a worker pops
     is checked as its transport checks it (workers/state/message_check.py), and a malformed item is parked,
     never delivered."""
@@ -218,26 +235,42 @@ class Bus:
         self.sent: set[bytes] = set()  # every message of draftgen's own, as published
         self.parked_ours: list[str] = []  # messages of draftgen's own that were parked (a violation)
 
-    def envelope(self, run: str, batch_id: str, eta_s: float) -> bytes:
+    def envelope(self, run: str, batch_id: str, eta_s: float, priority: int) -> bytes:
         self._tags += 1
         real = envelope_of(real_generate_item())
         real["body"] = base64.b64encode(json.dumps([[run, batch_id], {}, NO_CHAIN]).encode()).decode()
         eta = datetime.fromtimestamp(eta_s, UTC).isoformat()
         real["headers"].update(id=f"{batch_id}-{self._tags}", eta=eta)
-        real["properties"]["delivery_tag"] = f"tag-{self._tags}"
+        real["properties"].update(delivery_tag=f"tag-{self._tags}", priority=priority)
         return encoded(real)
 
-    def publish(self, client: redis.Redis, run: str, batch_id: str, *, countdown_s: float = 0.0) -> None:
-        message = self.envelope(run, batch_id, self._clock.now_s + countdown_s)
+    def publish(
+        self,
+        client: redis.Redis,
+        run: str,
+        batch_id: str,
+        *,
+        countdown_s: float = 0.0,
+        priority: int = NEW_BATCH_PRIORITY,
+    ) -> None:
+        message = self.envelope(run, batch_id, self._clock.now_s + countdown_s, priority)
         self.sent.add(message)
-        client.lpush(GENERATE_QUEUE, message)
+        client.lpush(generate_list(priority), message)
 
     def fetch(self, client: redis.Redis) -> Delivery | None:
-        """Pop the oldest message and record it unacknowledged, as kombu's channel does (two calls); a
-        malformed one is parked instead."""
-        raw = client.rpop(GENERATE_QUEUE)
-        if raw is None:
+        """Pop the oldest message of the first priority list that holds one and record it unacknowledged,
+        as kombu's channel does; a malformed one is parked instead."""
+        popped = next(
+            (
+                (step, raw)
+                for step, name in zip(KOMBU_PRIORITY_STEPS, GENERATE_LISTS, strict=True)
+                if (raw := client.rpop(name)) is not None
+            ),
+            None,
+        )
+        if popped is None:
             return None
+        step, raw = popped
         malformed = why_malformed(raw, GENERATE_QUEUE)
         if malformed is not None:
             park(client, parked_message(raw, GENERATE_QUEUE, malformed, at=self._clock.now_s))
@@ -251,7 +284,7 @@ class Bus:
         client.zadd(KOMBU_UNACKED_INDEX_KEY, {tag: self._clock.now_s})
         (run, batch_id), _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
         eta_s = datetime.fromisoformat(message["headers"]["eta"]).timestamp()
-        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=eta_s)
+        return Delivery(tag=tag, run=run, batch_id=batch_id, eta_s=eta_s, priority=step)
 
     def ack(self, client: redis.Redis, delivery: Delivery) -> None:
         with client.pipeline(transaction=False) as pipe:
@@ -434,7 +467,8 @@ class StepDispatcher:
         self._client = client
 
     def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0, resumed: bool = False) -> None:
-        self._fleet.bus.publish(self._client, run, batch_id, countdown_s=countdown_s)
+        priority = RESUMED_BATCH_PRIORITY if resumed else NEW_BATCH_PRIORITY
+        self._fleet.bus.publish(self._client, run, batch_id, countdown_s=countdown_s, priority=priority)
 
     def flush(self, run: str) -> None:
         self._fleet.flush_requests.append(run)
@@ -520,8 +554,11 @@ class Worker:
         context = cast(WorkerContext, self.context)
         try:
             report = handle_generate(context, delivery.run, delivery.batch_id)
-        except RetryLater as error:
-            self.fleet.bus.publish(self.client, delivery.run, delivery.batch_id, countdown_s=error.delay_s)
+        except RetryLater as error:  # a retry keeps its message's priority unless its work began
+            priority = RESUMED_BATCH_PRIORITY if error.resumed else delivery.priority
+            self.fleet.bus.publish(
+                self.client, delivery.run, delivery.batch_id, countdown_s=error.delay_s, priority=priority
+            )
             self.fleet.bus.ack(self.client, delivery)
             return
         except RunBroken:
@@ -818,11 +855,10 @@ class Fleet:
         )
         job.handover.strike(one.id, begun)
         if not wedges and self.rng.random() < ACQUITTED_SHARE:
-            job.handover.strike(one.id, TrialEnded(**msgspec.structs.asdict(begun), ended=TrialEnd.COMPLETED))
+            job.handover.strike(one.id, begun.end(TrialEnd.COMPLETED))
             return ANSWERED
-        ended = TrialEnded(
-            **msgspec.structs.asdict(begun),
-            ended=TrialEnd.WEDGED if wedges else TrialEnd.WENT_DOWN,
+        ended = begun.end(
+            TrialEnd.WEDGED if wedges else TrialEnd.WENT_DOWN,
             failed_after_s=TRIAL_FAILED_AFTER_S,
             canary_after_s=1.0 if came_back else None,
         )
@@ -1025,7 +1061,8 @@ class Fleet:
 
     def push_malformed(self) -> bool:
         """A node's password (or a buggy producer) pushes an item that is not one of draftgen's messages."""
-        self.admin.lpush(GENERATE_QUEUE, self.rng.choice(malformed_items(real_generate_item())))
+        item = self.rng.choice(malformed_items(real_generate_item()))
+        self.admin.lpush(self.rng.choice(GENERATE_LISTS), item)
         return True
 
     def forge_a_record(self) -> bool:
@@ -1046,18 +1083,22 @@ class Fleet:
         self.admin.zadd(keys.staged_index, {field: self.clock.now_s}, nx=True)
         return True
 
+    def _a_waiting_message(self) -> tuple[str, bytes] | None:
+        """A message waiting in the generate queue, with its list; None when none waits."""
+        waiting = [(name, raw) for name in GENERATE_LISTS for raw in self.admin.lrange(name, 0, -1)]
+        return self.rng.choice(waiting) if waiting else None
+
     def duplicate_a_message(self) -> bool:
-        waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)
-        if not waiting:
+        if (picked := self._a_waiting_message()) is None:
             return False
-        self.admin.lpush(GENERATE_QUEUE, self.rng.choice(waiting))
+        self.admin.lpush(*picked)
         return True
 
     def lose_a_message(self) -> bool:
-        waiting = self.admin.lrange(GENERATE_QUEUE, 0, -1)
-        if not waiting:
+        if (picked := self._a_waiting_message()) is None:
             return False
-        self.admin.lrem(GENERATE_QUEUE, 1, self.rng.choice(waiting))
+        name, raw = picked
+        self.admin.lrem(name, 1, raw)
         return True
 
     def restore_unacked(self) -> int:
@@ -1065,8 +1106,8 @@ class Fleet:
         entries = self.admin.hgetall(KOMBU_UNACKED_KEY)
         with self.admin.pipeline(transaction=True) as pipe:
             for tag, value in sorted(entries.items()):
-                message = json.loads(value)[0]
-                pipe.rpush(GENERATE_QUEUE, json.dumps(message))
+                message = json.loads(value)[0]  # back to the list of its priority, as kombu restores it
+                pipe.rpush(generate_list(message["properties"]["priority"]), json.dumps(message))
                 pipe.hdel(KOMBU_UNACKED_KEY, tag)
                 pipe.zrem(KOMBU_UNACKED_INDEX_KEY, tag)
             pipe.execute()

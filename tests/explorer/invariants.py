@@ -39,6 +39,7 @@ from workers.record.reading import read_committed
 from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
+from workers.state.kombu_layout import waiting_envelopes
 from workers.state.ledger import RunLedger
 from workers.state.message_check import why_malformed
 from workers.state.queues import GENERATE_QUEUE
@@ -235,7 +236,7 @@ class Invariants:
         return found
 
     def _malformed_queued(self) -> int:
-        queued = self._fleet.admin.lrange(GENERATE_QUEUE, 0, -1)
+        queued = waiting_envelopes(self._fleet.admin, GENERATE_QUEUE)
         return sum(1 for raw in queued if why_malformed(raw, GENERATE_QUEUE))
 
     def _conversations(self) -> list[str]:
