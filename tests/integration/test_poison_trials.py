@@ -54,6 +54,7 @@ WEDGE_SPEEDUP = 50.0  # a completion alone takes ~0.3 s, so trying the 47 innoce
 WEDGE_LIVENESS = {"DRAFTGEN_LIVENESS_STALL_S": "3", "DRAFTGEN_LIVENESS_POLL_S": "0.25"}
 RESTART_BOUND = DEFAULT_SUSPICIONS_BEFORE_TRIAL + DEFAULT_CONVICTIONS_TO_DEAD
 WEDGE_FINISH_S = 480.0
+START_AND_CHECK_S = 60.0  # beside a run's wait: the stack's start, verify and stop (pytest's timeout)
 
 
 def records(client: redis.Redis, run: str) -> dict[str, list[Evidence]]:
@@ -75,6 +76,7 @@ def wedging_gpu(tmp_path: Path) -> Iterator[SupervisedSimulator]:
     server.stop()
 
 
+@pytest.mark.timeout(WEDGE_FINISH_S + START_AND_CHECK_S)
 def test_a_prompt_that_wedges_the_server_is_dead_lettered_within_five_restarts_and_its_batch_committed(
     redis_url: str, log_dir: Path, wedging_gpu: SupervisedSimulator, tmp_path: Path
 ) -> None:
@@ -156,6 +158,7 @@ def long_answering(settings: SimulatorSettings, text: str) -> str:
     raise AssertionError("no salt gives a long enough answer")
 
 
+@pytest.mark.timeout(FLAKY_FINISH_S + START_AND_CHECK_S)
 def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outages_fall(
     redis_url: str, log_dir: Path, tmp_path: Path
 ) -> None:
@@ -275,6 +278,7 @@ def retracting_gpu() -> Iterator[SimulatorProcess]:
         yield sim
 
 
+@pytest.mark.timeout(FLAKY_FINISH_S + START_AND_CHECK_S)
 def test_a_prompt_retracted_whenever_it_has_company_is_committed_once_never_dead_lettered(
     redis_url: str, log_dir: Path, retracting_gpu: SimulatorProcess, tmp_path: Path
 ) -> None:
