@@ -106,7 +106,7 @@ class Engine:
         self._sequence = itertools.count()
         self._step = 0
         self._engine_time_s = 0.0
-        self._hung = settings.server_hang
+        self._hung = False  # --server-hang takes hold once the warm-up has run (server.serve)
         self._closed = False
         self._wake = asyncio.Event()
         self._window = _Window()

@@ -1,7 +1,8 @@
 """Assemble and run the simulator: the aiohttp application, its middleware and the start-up phases.
 
 Start-up as SGLang does it: while "loading" the port is closed; then the port opens with the server
-"Starting" (`/health` 503, `/model_info` 200) for the warm-up; then it is "Up" and logs
+"Starting" (`/health` 503, `/model_info` 200) for the warm-up (SGLang's warm-up request, unless
+`--skip-server-warmup`, then `--warmup-seconds`); then it is "Up" and logs
 "The server is fired up and ready to roll!".
 """
 
@@ -28,6 +29,7 @@ from inference.simulator.routes_info import add_info_routes
 from inference.simulator.scheduler_log import SchedulerLog
 from inference.simulator.settings import SimulatorSettings
 from inference.simulator.state import STATE, ServerStatus, SimulatorState
+from inference.simulator.warmup import run_warmup
 
 OPEN_PATH_PREFIXES = ("/health", "/ready", "/metrics")  # never need the API key, as in SGLang
 SHUTDOWN_TIMEOUT_WALL_S = 0.5
@@ -140,6 +142,9 @@ async def serve(settings: SimulatorSettings, launch_command: str) -> int:
         settings.speedup,
     )
     try:
+        if not settings.skip_server_warmup:
+            await run_warmup(state)
+        state.engine.set_hung(settings.server_hang)
         if not await _wait(stop, settings.warmup_seconds):
             state.status = ServerStatus.UP
             log.info(READY_MESSAGE)

@@ -204,6 +204,11 @@ class SimulatorSettings:
     )
     load_seconds: float = _option("Wall seconds with the port closed before serving (loading).", default=0.0)
     warmup_seconds: float = _option("Wall seconds of warm-up: /health 503, /model_info 200.", default=0.0)
+    skip_server_warmup: bool = _option(
+        "No warm-up request at start (SGLang's flag): /metrics has no realtime_tokens_total series until "
+        "the first request's forward pass.",
+        default=False,
+    )
     error_rate: float = _option("Fraction of chat requests answered with --error-status.", default=0.0)
     error_status: int = _option(
         "Status of injected errors.", default=DEFAULT_ERROR_STATUS, choices=ERROR_STATUS_CHOICES

@@ -14,8 +14,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference.server_probe import ServerProbe
 from inference.simulator import AdminClient, SimulatorProcess, SimulatorSettings
 from inference.simulator.prompt_faults import PromptFault, PromptFaultKind
+from inference.simulator.warmup import WARMUP_NEW_TOKENS
 from tests.simulator.test_simulator_scheduler import (
     poll_until,
     running_and_queued,
@@ -265,6 +267,35 @@ def test_a_wedge_prompt_fault_hangs_the_whole_server_as_it_takes_the_prompt_in(
         # Until the hang is lifted (a restart, in a real server)
         sim.admin.set_faults(server_hang=False)
         poll_until(lambda: realtime_tokens(sim) > frozen)
+
+
+def test_a_server_wedged_by_its_very_first_request_shows_its_per_step_counter_stopped(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    # Given a server fresh from its start, which ran SGLang's warm-up request and nothing else
+    sim = start_simulator(speedup=1.0, enable_metrics=True, prompt_faults='{"poison": "wedge"}')
+    probe = ServerProbe(sim.url)
+    fresh = probe.metrics()
+    assert fresh.has_step_counter and fresh.requests_total == 1
+    assert fresh.generation_tokens_total == WARMUP_NEW_TOKENS
+    with make_client(sim) as client:
+        # When its first request wedges it, before any forward pass of its own
+        call = send_in_background(client, max_tokens=5, text="the poison")
+        poll_until(lambda: probe.metrics().busy)
+        # Then a liveness watch reads a busy server whose per-step counter stands still (its short window)
+        call.join(timeout=SHORT_TIMEOUT_S)
+        wedged = probe.metrics()
+        assert call.is_alive() and wedged.has_step_counter and wedged.progress == fresh.progress
+        sim.admin.set_faults(server_hang=False)
+        call.join()
+
+
+def test_a_server_started_without_its_warm_up_shows_no_per_step_counter_before_its_first_request(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    sim = start_simulator(enable_metrics=True, skip_server_warmup=True)
+    fresh = ServerProbe(sim.url).metrics()
+    assert not fresh.has_step_counter and fresh.requests_total == 0
 
 
 def test_a_crash_prompt_fault_kills_the_server_as_the_prompt_arrives(

@@ -136,20 +136,31 @@ def test_a_running_request_moves_the_decode_token_counter_while_generation_token
 ) -> None:
     # Given one long request decoding at real speed
     sim = start_simulator(speedup=1.0, enable_metrics=True)
+    probe = ServerProbe(sim.url)
+    warmed_up = probe.metrics()  # the start-up warm-up request's counts
     with make_client(sim) as client:
         call = send_in_background(client, max_tokens=10_000, text="long running")
         poll_until(lambda: running_and_queued(sim) == (1, 0))
-        admitted = ServerProbe(sim.url).metrics().decode_tokens_total or 0.0
+        admitted = probe.metrics().decode_tokens_total or 0.0
         # When it decodes, then the per-step counter moves before the request ends
-        poll_until(lambda: (ServerProbe(sim.url).metrics().decode_tokens_total or 0.0) > admitted)
-        running = ServerProbe(sim.url).metrics()
-        assert running.prefill_tokens_total == count_prompt_tokens(user("long running"))
+        poll_until(lambda: (probe.metrics().decode_tokens_total or 0.0) > admitted)
+        running = probe.metrics()
+        assert running.prefill_tokens_total == warmed_up.prefill_tokens_total + count_prompt_tokens(
+            user("long running")
+        )
         # and the counters a finished request moves have not
-        assert (running.generation_tokens_total, running.requests_total) == (0, 0)
+        assert (running.generation_tokens_total, running.requests_total) == (
+            warmed_up.generation_tokens_total,
+            warmed_up.requests_total,
+        )
         httpx.post(sim.url + "/abort_request", json={"abort_all": True}, timeout=10)
         call.join(timeout=10)
     assert call.result is not None and call.result.usage is not None
-    finished = ServerProbe(sim.url).metrics()
+    finished = probe.metrics()
     completion_tokens = call.result.usage.completion_tokens
-    assert (finished.generation_tokens_total, finished.requests_total) == (completion_tokens, 1)
-    assert finished.decode_tokens_total == completion_tokens - 1  # prefill produced the first token
+    assert (
+        finished.generation_tokens_total - warmed_up.generation_tokens_total,
+        finished.requests_total - warmed_up.requests_total,
+    ) == (completion_tokens, 1)
+    # prefill produced the first token
+    assert finished.decode_tokens_total - (warmed_up.decode_tokens_total or 0.0) == completion_tokens - 1

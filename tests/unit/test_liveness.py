@@ -181,6 +181,17 @@ def test_with_only_completion_counters_the_longer_window_applies() -> None:
     assert verdict.state is Liveness.HUNG and "completion counters" in verdict.reason
 
 
+def test_a_server_once_seen_with_the_per_step_counter_keeps_the_short_window_after_a_restart() -> None:
+    """Restarted with --skip-server-warmup, a server shows no per-step series until its first forward
+    pass; hung before it, it is still judged within the short window."""
+    watching = judge()
+    watching.observe(0.0, snapshot(), in_flight=48)
+    watching.reset()  # the watch restarted it
+    watching.observe(10.0, snapshot(decode=None), in_flight=48)
+    verdict = watching.observe(10.0 + STALL_S, snapshot(decode=None), in_flight=48)
+    assert verdict.state is Liveness.HUNG and "per-step token counter" in verdict.reason
+
+
 def test_a_hung_server_recovers_when_progress_resumes() -> None:
     watching = judge()
     watching.observe(0.0, snapshot(), in_flight=48)

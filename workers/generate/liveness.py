@@ -92,7 +92,10 @@ class LivenessJudge:
     Hung: busy (requests running or queued at the server, or in flight from this worker) and no
     progress counter moved for the stall window: `stall_s` when the server has a per-step counter,
     else the longer `completion_stall_s` (completion counters stay flat while long requests run).
-    Idle time never counts towards a stall. Down: `down_after` unanswered scrapes in a row.
+    A server once seen with the per-step counter keeps the short window, restarts included: started
+    with `--skip-server-warmup`, it shows no series until its first forward pass, and a hang before that
+    pass is no reason to wait five times longer. Idle time never counts towards a stall. Down:
+    `down_after` unanswered scrapes in a row.
     """
 
     def __init__(
@@ -104,9 +107,11 @@ class LivenessJudge:
         self._last: MetricsSnapshot | None = None
         self._quiet_since: float | None = None
         self._unanswered = 0
+        self._step_counter_seen = False
 
     def reset(self) -> None:
-        """Forget the history: the next snapshot is a fresh baseline (after a recovery)."""
+        """Forget the history: the next snapshot is a fresh baseline (after a recovery). What kind of
+        counters the server has is kept."""
         self._last = None
         self._quiet_since = None
         self._unanswered = 0
@@ -117,7 +122,10 @@ class LivenessJudge:
         return self._quiet_since
 
     def window_s(self, snapshot: MetricsSnapshot) -> float:
-        return self.stall_s if snapshot.has_step_counter else self.completion_stall_s
+        return self.stall_s if self._step_counter(snapshot) else self.completion_stall_s
+
+    def _step_counter(self, snapshot: MetricsSnapshot) -> bool:
+        return self._step_counter_seen or snapshot.has_step_counter
 
     def observe(self, now: float, snapshot: MetricsSnapshot | None, in_flight: int) -> LivenessVerdict:
         """Take one scrape (None: `/metrics` did not answer) at monotonic time `now`."""
@@ -135,6 +143,7 @@ class LivenessJudge:
                 after < before for after, before in zip(snapshot.progress, last.progress, strict=True)
             )
             self._last = snapshot
+            self._step_counter_seen = self._step_counter(snapshot)
             if moved or not (snapshot.busy or in_flight > 0):
                 self._quiet_since = now
             if restarted:
@@ -152,7 +161,7 @@ class LivenessJudge:
             f"{in_flight} in flight from this worker"
         )
         if (last.busy or in_flight > 0) and quiet_s >= window_s:
-            counters = "per-step token counter" if last.has_step_counter else "completion counters"
+            counters = "per-step token counter" if self._step_counter(last) else "completion counters"
             return LivenessVerdict(
                 Liveness.HUNG,
                 f"{load}, and no progress of its {counters} for {quiet_s:.0f} s (window {window_s:.0f} s)",
