@@ -83,8 +83,8 @@ class WorkerContext:
                 origin=self.origin,
                 server_identity=self.seat.token[:SERVER_IDENTITY_CHARS],
                 silence_limit_s=settings.silence_limit_s,
-                trials=TrialSettings(
-                    silence_limit_s=settings.liveness_stall_s, timing_floor_s=settings.liveness_poll_s
+                trials=TrialSettings.for_liveness(
+                    stall_s=settings.liveness_stall_s, poll_s=settings.liveness_poll_s
                 ),
             ),
         )

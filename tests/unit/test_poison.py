@@ -10,7 +10,7 @@ import random
 import pytest
 
 from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S
-from workers.generate.trials import CONTROL_WAIT_FACTOR, Steadiness
+from workers.generate.trials import CONTROL_WAIT_FACTOR, Steadiness, TrialSettings
 from workers.state.poison import (
     EVIDENCE_READ_MAX_BYTES,
     MIN_TIMING_S,
@@ -98,6 +98,16 @@ def test_the_control_a_conviction_needs_is_twenty_times_how_fast_the_suspect_fai
     # before its next trial, a suspect waits for the control its last failure needs, or a wedge's timing
     assert POLICY.control_before_trial_s([suspicion(), suspicion()], timing_floor_s=5.0) == 100.0
     assert POLICY.control_before_trial_s([trial(failed_after_s=30.0)], timing_floor_s=5.0) == 600.0
+
+
+def test_a_wedge_timed_up_to_a_poll_late_still_convicts_after_the_control_its_suspect_waited_for() -> None:
+    """The liveness watch times a wedge by its last poll that saw progress: one just after the trial began
+    can still see the work before it, and a busy machine polls late."""
+    poll_s = 0.25
+    settings = TrialSettings.for_liveness(stall_s=3.0, poll_s=poll_s)
+    waited_for_s = POLICY.control_before_trial_s([suspicion(), suspicion()], settings.timing_floor_s)
+    late = trial(failed_after_s=poll_s * 1.9, control_s=waited_for_s, mean_up_s=waited_for_s)
+    assert POLICY.outcome(late) is Outcome.CONVICTED
 
 
 def test_a_trial_the_suspect_completes_acquits_it_of_everything_before() -> None:

@@ -50,16 +50,27 @@ class Canary(Protocol):
     async def __call__(self, sampling: SamplingSettings, *, why: str) -> bool: ...
 
 
+WEDGE_TIMING_POLLS = 2
+"""A wedge is timed by the liveness watch's last poll that saw progress: the first poll after a trial
+began may still see the work done before it, and a poll on a busy machine comes late. Two polls cover
+both, so that a trial waiting for the control of a failure that fast is not voided by the timing's jitter."""
+
+
 @dataclass(frozen=True)
 class TrialSettings:
     silence_limit_s: float = DEFAULT_LIVENESS_STALL_S
     """A lone suspect's silence is judged with the liveness watch's own stall window, not the silence
     limit: a long prefill alone, or an idle proxy, must not convict."""
-    timing_floor_s: float = DEFAULT_LIVENESS_POLL_S
-    """A wedge is timed to within one liveness poll: the first trial of a suspect assumes it fails no
+    timing_floor_s: float = WEDGE_TIMING_POLLS * DEFAULT_LIVENESS_POLL_S
+    """How fast a wedge may seem to fail, as timed: the first trial of a suspect assumes it fails no
     faster than this, so that the control shown before it suffices."""
     comeback_limit_s: float = DEFAULT_READY_TIMEOUT_S
     """A server that answers no canary this long after a trial failed was broken: the trial is void."""
+
+    @classmethod
+    def for_liveness(cls, *, stall_s: float, poll_s: float) -> TrialSettings:
+        """Trials judged by the liveness watch's own stall window and timed by its polls."""
+        return cls(silence_limit_s=stall_s, timing_floor_s=WEDGE_TIMING_POLLS * poll_s)
 
 
 class Ruling(enum.Enum):
