@@ -161,15 +161,15 @@ def test_a_hung_server_is_noticed_its_work_requeued_and_the_run_completes_after_
     assert (counts.done, counts.dead) == (PROMPTS, 0)
 
 
-def test_a_simulator_that_has_served_nothing_reads_as_idle_with_no_step_counter_series_yet(
+def test_a_simulator_that_has_served_nothing_but_its_warm_up_reads_as_idle_with_its_step_counter(
     sim: SimulatorProcess,
 ) -> None:
-    """SGLang creates each `realtime_tokens_total` series at its first non-zero increment, so a server
-    that has run no forward pass exports none (a real one runs its warm-up request at start; the
-    simulator has none). The series appear with the first request: test_simulator_scheduler.py."""
+    """SGLang creates each `realtime_tokens_total` series at its first non-zero increment: its start-up
+    warm-up request does, as the simulator's (without one, `--skip-server-warmup`, the series appear with
+    the first request: tests/simulator/test_simulator_faults.py)."""
     snapshot = ServerProbe(sim.url).metrics()
     assert not snapshot.busy
-    assert not snapshot.has_step_counter
+    assert snapshot.has_step_counter
 
 
 def test_a_server_without_metrics_refuses_the_scrape_with_404() -> None:
