@@ -248,10 +248,14 @@ class Enqueuer:
         """Under the lease: note this enqueue in the run (its number), judge whether prompts the run holds
         but no batch carries are batched again, and publish what a crashed enqueue left in the outbox
         (returns how many batches)."""
-        # With no batch open, nothing carries a prompt the run holds but has not finished: it was
-        # held by batches Redis lost (see `recover`), and is batched again. With batches open, every
-        # such prompt is in one of them.
-        requeue_orphans = self.client.zcard(self.keys.open_batches) == 0
+        # With no batch open and no finished batch's body kept, nothing carries a prompt the run holds but
+        # has not finished: it was held by batches Redis lost (see `recover`), and is batched again. With
+        # batches open, every such prompt is in one of them; a kept body is one the uploader re-opens
+        # when a record of its prompts is quarantined, at any moment of this enqueue. Neither can appear
+        # meanwhile: batches are made only by an enqueue, under this lease.
+        requeue_orphans = not any(
+            self.client.zcard(key) for key in (self.keys.open_batches, self.keys.finished_batches)
+        )
         republished = republish_outbox(self.client, self.settings.run, self.publish)
         note = EnqueueNote(source=self.source, at=time.time())
         number = int(self.client.rpush(self.keys.enqueues, msgspec.json.encode(note)))

@@ -20,7 +20,7 @@ import msgspec
 import pytest
 import redis
 
-from inference.records import DeadLetter, Origin, PromptBatch, SamplingSettings
+from inference.records import DeadLetter, Origin, Prompt, PromptBatch, SamplingSettings
 from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
 from producer.enqueue import Enqueuer, pin_settings
 from producer.gc import collect_orphans
@@ -290,6 +290,34 @@ def test_a_batch_whose_body_cannot_be_read_is_quarantined_and_an_enqueue_re_run_
     world.flush()
     assert world.committed() == {"p0": 1, "p1": 1}
     assert verified(world) == ["batch " + batch + " unreadable"]
+
+
+def test_a_finished_batch_re_opened_while_an_enqueue_re_runs_keeps_its_prompts_in_it_alone(
+    world: World, head: RedisHead
+) -> None:
+    # Given a batch generated and finished (its body kept), one of its staged records broken since, and no
+    # batch open: an enqueue re-run then judges whether prompts the run holds lost their batches
+    (batch,) = world.enqueue(["p0", "p1"])
+    world.worker.generate(batch)
+    admin = redis.Redis.from_url(head.urls["admin"])
+    admin.hset(world.keys.staged, "p1", b"\x00 not a zstd frame")  # a disk, a bug
+    reopened: list[str] = []
+    published: list[str] = []
+
+    def rows_read_while_a_flush_reopens_the_batch() -> Iterator[Prompt]:
+        reopened.extend(world.flush().reopened_batches)  # after the re-run opened, before it claims
+        yield from (prompt(prompt_id) for prompt_id in ("p0", "p1"))
+
+    # When the re-run reads its rows while a flush quarantines p1's record and opens its batch again
+    report = Enqueuer(
+        world.producer, world.settings, lambda _run, b: published.extend(b), source="t", store=world.store
+    ).enqueue(rows_read_while_a_flush_reopens_the_batch())
+
+    # Then p1 stays in its own batch alone, generated again there, and committed once
+    assert (reopened, published, report.requeued_orphans, report.already_there) == ([batch], [], 0, 2)
+    world.worker.generate(batch)
+    world.flush()
+    assert world.committed() == {"p0": 1, "p1": 1}
 
 
 def test_finished_bodies_are_kept_until_their_prompts_are_committed_then_forgotten(world: World) -> None:
