@@ -6,10 +6,10 @@ that claimed it: how a duplicate in the input is told from an id already there) 
 batches that carry them and the outbox entry of each batch. Only then are the batch messages
 published, and each batch leaves the outbox once published. A crash anywhere leaves either nothing or
 batches in the outbox, which the next `enqueue` publishes first. A chunk's new prompts are batched longest
-expected work first, each batch's id naming its class, the priority its message goes with
-(producer/work_order.py). Rejected rows go to the object store
-too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
-prompt is never placed in two batches by two enqueues racing.
+expected work first, each batch at most `batch_size` requests (a conversation counts its turns), its id
+naming its class, the priority its message goes with (producer/work_order.py). Rejected rows go to the
+object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a prompt is
+never placed in two batches by two enqueues racing.
 
 An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
 first version is kept, and the later row is rejected naming the row (or the earlier enqueue) that
@@ -44,7 +44,7 @@ from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
 from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint, content_digest
-from producer.work_order import expected_work_tokens, longest_first, work_priority
+from producer.work_order import batched_by_turns, expected_work_tokens, longest_first, work_priority
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
@@ -323,8 +323,7 @@ class Enqueuer:
         fingerprinted = longest_first(fingerprinted, lambda pair: pair[0])
         new = [prompt for prompt, _ in fingerprinted]
         fingerprints = {prompt.id: found.encode() for prompt, found in fingerprinted if found is not None}
-        size = self.settings.batch_size
-        batched = [new[start : start + size] for start in range(0, len(new), size)]
+        batched = batched_by_turns(new, self.settings.batch_size)
         batches = [
             PromptBatch(run=self.settings.run, batch_id=self._new_batch_id(members), prompts=members)
             for members in batched

@@ -40,6 +40,21 @@ def work_priority(expected_tokens: float) -> int:
     return max(LONGEST_WORK_PRIORITY, SHORTEST_WORK_PRIORITY - math.floor(CLASSES_PER_DOUBLING * doublings))
 
 
+def batched_by_turns(prompts: Sequence[Prompt], turns_per_batch: int) -> list[list[Prompt]]:
+    """Consecutive prompts in batches of at most `turns_per_batch` requests each (a conversation counts
+    its turns; one longer than that is a batch of its own): a batch is about the same work whatever it
+    holds, so a worker holding a few batches holds a few windows' worth, conversations or not."""
+    batches: list[list[Prompt]] = []
+    turns = 0
+    for prompt in prompts:
+        if not batches or turns + prompt.turn_count > turns_per_batch:
+            batches.append([])
+            turns = 0
+        batches[-1].append(prompt)
+        turns += prompt.turn_count
+    return batches
+
+
 def longest_first(items: Sequence[T], prompt_of: Callable[[T], Prompt]) -> list[T]:
     """The items in order of their prompts' expected work, longest first (equal ones as given)."""
     return sorted(items, key=lambda item: expected_work_tokens(prompt_of(item)), reverse=True)

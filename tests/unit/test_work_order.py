@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from inference.records import Message, Prompt
-from producer.work_order import DEFAULT_ANSWER_TOKENS, expected_work_tokens, longest_first, work_priority
+from producer.work_order import (
+    DEFAULT_ANSWER_TOKENS,
+    batched_by_turns,
+    expected_work_tokens,
+    longest_first,
+    work_priority,
+)
 from workers.state.batch_priority import (
     LONGEST_WORK_PRIORITY,
     SHORTEST_WORK_PRIORITY,
@@ -50,6 +56,12 @@ def test_every_expected_work_has_a_class_of_new_work(expected_tokens: float) -> 
 def test_prompts_are_ordered_longest_first_equal_ones_as_given() -> None:
     given = [conversation(1, name="a"), conversation(3), conversation(1, name="b"), conversation(6)]
     assert [p.id for p in longest_first(given, lambda p: p)] == ["c6", "c3", "a1", "b1"]
+
+
+def test_a_batch_holds_at_most_its_size_in_requests_a_conversation_counting_its_turns() -> None:
+    given = [conversation(6, name="a"), conversation(3), conversation(2), conversation(1), conversation(8)]
+    batches = batched_by_turns(given, turns_per_batch=6)
+    assert [[p.id for p in batch] for batch in batches] == [["a6"], ["c3", "c2", "c1"], ["c8"]]
 
 
 def test_a_batch_id_names_its_class_and_the_priority_its_message_goes_with() -> None:
