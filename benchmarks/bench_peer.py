@@ -17,6 +17,7 @@ Per run, from the servers' request logs (benchmarks/server_figures.py):
     to the last request's arrival (the issue's "from first to last request"), before the drain, whose
     length is the longest requests' own (at these sizes a 32k-token request holds its slot ~35 s);
   - turn gap: a conversation's next turn's arrival minus its previous turn's end, at the server (p50/p99);
+  - finish spread: how far apart the GPUs ran out of work, in seconds and in median requests;
   - CPU per output token of the client's processes (user + system): draftgen's generate workers, the
     peer's own process; from their first request to the run's end.
 With `--pin` (the default on 2 cores or more) each tool's processes run pinned to one core each, as the
@@ -25,7 +26,7 @@ is draftgen's design, each beside its GPU), the peer's one process on the last c
 Redis and the uploader are not pinned.
 
     .venv/bin/python benchmarks/bench_peer.py [--prompts 600] [--conversations 200] [--speedup 20]
-        [--no-pin]   # the issue's sizes: --prompts 3000 --conversations 800
+        [--no-pin] [--variant NAME:KEY=VALUE,...]   # the issue's sizes: --prompts 3000 --conversations 800
 
 Last line: `peer_bench` then `<workload>.<client>.<figure>=<value>` for every figure, and
 `<workload>.ahead=<figures where draftgen is behind the better peer, or none>`.
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,9 +55,11 @@ from benchmarks.peer_client import PeerOutcome
 from benchmarks.process_cpu import cpu_seconds, pinning_by_default, usable_cores
 from benchmarks.server_figures import (
     Ideal,
+    finish_spread_s,
     finished,
     ideal,
     percentile,
+    request_seconds,
     sending_span_of,
     slots_busy,
     span_of,
@@ -128,6 +131,13 @@ class Measured:
     requests: int
     cpu_s: float
     dropped: int  # conversations a client gave up on (the peer's error rows)
+    finish_spread_s: float  # how far apart the GPUs ran out of work
+    request_p50_s: float
+
+    @property
+    def finish_spread_requests(self) -> float:
+        """The GPUs' finish spread in median requests (the issue: within one request of each other)."""
+        return self.finish_spread_s / self.request_p50_s
 
     @property
     def wall_ideal(self) -> float:
@@ -149,6 +159,7 @@ class Measured:
             "gap_p50_ms": self.gap_ms(P50),
             "gap_p99_ms": self.gap_ms(P99),
             "cpu_us_per_token": self.cpu_us_per_token,
+            "finish_spread_requests": self.finish_spread_requests,
         }
 
     def row(self) -> str:
@@ -159,14 +170,15 @@ class Measured:
             f"{self.workload:<13} {self.client:<9} {self.wall_s:>7.1f} {self.ideal.seconds:>7.1f}"
             f" {self.ideal.decode_s:>7.1f} {self.wall_ideal:>7.3f} {wall_goal:>6}"
             f" {self.slots_busy:>6.3f} {self.slots_busy_sending:>7.3f} {slots_goal:>6} {gaps}"
-            f" {self.cpu_us_per_token:>7.1f} {self.output_tokens:>9} {self.requests:>6} {self.dropped:>5}"
+            f" {self.cpu_us_per_token:>7.1f} {self.finish_spread_s:>7.1f} {self.finish_spread_requests:>6.2f}"
+            f" {self.output_tokens:>9} {self.requests:>6} {self.dropped:>5}"
         )
 
 
 HEADER = (
     f"{'workload':<13} {'client':<9} {'wall s':>7} {'ideal s':>7} {'decode':>7} {'÷ ideal':>7} {'goal':>6}"
-    f" {'slots':>6} {'sending':>7} {'goal':>6} {'gap p50':>8} {'gap p99':>8} {'µs/tok':>7} {'tokens':>9}"
-    f" {'reqs':>6} {'drop':>5}"
+    f" {'slots':>6} {'sending':>7} {'goal':>6} {'gap p50':>8} {'gap p99':>8} {'µs/tok':>7} {'spread':>7}"
+    f" {'÷ req':>6} {'tokens':>9} {'reqs':>6} {'drop':>5}"
 )
 
 
@@ -194,6 +206,8 @@ def measure(
         requests=len(every),
         cpu_s=cpu_s,
         dropped=dropped,
+        finish_spread_s=finish_spread_s(per_server),
+        request_p50_s=percentile(request_seconds(per_server), P50),
     )
 
 
@@ -207,10 +221,13 @@ class Bench:
     pins: Pinning
 
 
-def draftgen_run(bench: Bench, prompts: Sequence[Prompt], run: str) -> tuple[float, int]:
-    """The run through the pipeline; the generate workers' CPU seconds while it ran, and nothing dropped."""
+def draftgen_run(
+    bench: Bench, prompts: Sequence[Prompt], run: str, *, env: Mapping[str, str] | None = None
+) -> tuple[float, int]:
+    """The run through the pipeline (its workers given `env` besides the defaults); the generate workers'
+    CPU seconds while it ran, and nothing dropped."""
     with draftgen_fleet(
-        bench.sims, bench.redis_url, bench.logs, run, cpus=bench.pins.generate_workers
+        bench.sims, bench.redis_url, bench.logs, run, extra_env=env, cpus=bench.pins.generate_workers
     ) as gens:
         before = sum(cpu_seconds(worker.pid) for worker in gens)
         run_to_end(bench.redis_url, bench.logs, prompts, run, sampling=SAMPLING)
@@ -254,12 +271,25 @@ def peer_run(concurrency: int, bench: Bench, prompts: Sequence[Prompt], run: str
 Runner = Callable[[Bench, Sequence[Prompt], str], tuple[float, int]]
 
 
-def clients() -> list[tuple[str, Runner]]:
+def clients(variants: Mapping[str, Mapping[str, str]]) -> list[tuple[str, Runner]]:
+    """draftgen as the README runs it, each variant (workers' settings changed), the peer clients."""
     peers: list[tuple[str, Runner]] = [
         (f"peer-{concurrency}", functools.partial(peer_run, concurrency))
         for concurrency in PEER_CONCURRENCIES
     ]
-    return [("draftgen", draftgen_run), *peers]
+    tried: list[tuple[str, Runner]] = [
+        (name, functools.partial(draftgen_run, env=env)) for name, env in variants.items()
+    ]
+    return [("draftgen", draftgen_run), *tried, *peers]
+
+
+def variant(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME:KEY=VALUE[,KEY=VALUE]`: a draftgen client run with those worker settings."""
+    name, _, settings = text.partition(":")
+    pairs = [pair.partition("=") for pair in settings.split(",") if pair]
+    if not name or not pairs or any(not key or not equals for key, equals, _ in pairs):
+        raise argparse.ArgumentTypeError(f"not NAME:KEY=VALUE[,KEY=VALUE]: {text!r}")
+    return name, {key: value for key, _, value in pairs}
 
 
 def last_line(results: Sequence[Measured]) -> str:
@@ -270,7 +300,7 @@ def last_line(results: Sequence[Measured]) -> str:
             parts.append(f"{measured.workload}.{measured.client}.{figure}={value:.4g}")
     for workload in (SINGLE, CONVERSATIONS):
         ours = next(m for m in results if m.workload == workload and m.client == "draftgen").figures()
-        peers = [m.figures() for m in results if m.workload == workload and m.client != "draftgen"]
+        peers = [m.figures() for m in results if m.workload == workload and m.client.startswith("peer")]
         behind = [
             figure
             for figure, value in ours.items()
@@ -298,6 +328,14 @@ def main() -> int:
         default=pinning_by_default(),
         help="pin each tool's processes to one core each (default: on with 2 cores or more)",
     )
+    parser.add_argument(
+        "--variant",
+        type=variant,
+        action="append",
+        default=[],
+        help="NAME:KEY=VALUE[,KEY=VALUE]: also run draftgen with these worker settings, e.g. "
+        "b2:DRAFTGEN_BATCHES_IN_FLIGHT=2",
+    )
     args = parser.parse_args()
     settings = simulator_settings(args)
     pins = pinning(args.pin)
@@ -312,7 +350,7 @@ def main() -> int:
         bench = Bench(sims, redis_process.url, logs, pins)
         try:
             for workload, prompts in workloads.items():
-                for client, runner in clients():
+                for client, runner in clients(dict(args.variant)):
                     run = f"{client}-{workload}"
                     for sim in sims:
                         sim.admin.reset_requests()

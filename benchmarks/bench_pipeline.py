@@ -6,7 +6,7 @@ side by side in one run:
   - capacity: the server's own output tokens/s with every slot busy (stated by the simulator);
   - asyncio-48: a plain asyncio client with a fixed 48-request window (what peer scripts do);
   - one-batch: a generate worker that holds one batch of 48 at a time (slots drain at each batch's tail);
-  - pipeline: the default generate worker (batches of 32, 8 held, one shared 48-request window);
+  - pipeline: the default generate worker (batches of 32, 2 held, one shared 48-request window);
   - conversations: the same worker on conversations of 1 to 6 user turns (uniformly, seeded), every
     turn regenerated in order (`--turns all`): about as many requests as `--prompts`.
 Steady-state throughput is measured from the server's request log, over the span in which prompts

@@ -54,6 +54,17 @@ def sending_span_of(per_server: Sequence[Sequence[RequestRecord]]) -> Span:
     return Span(start=min(r.received_at for r in every), end=max(r.received_at for r in every))
 
 
+def finish_spread_s(per_server: Sequence[Sequence[RequestRecord]]) -> float:
+    """How far apart the servers ran out of work: the last end of the last to finish minus the first's."""
+    ends = [max(end_of(r) for r in records) for records in per_server if records]
+    return max(ends) - min(ends) if ends else 0.0
+
+
+def request_seconds(per_server: Sequence[Sequence[RequestRecord]]) -> list[float]:
+    """Each request's time at its server, arrival to end."""
+    return [end_of(r) - r.received_at for records in per_server for r in records]
+
+
 def held_slot_seconds(records: Sequence[RequestRecord], slots: int, span: Span) -> float:
     """The integral over `span` of min(requests the server holds, slots): slot-seconds kept busy."""
     events = sorted([(r.received_at, ARRIVAL) for r in records] + [(end_of(r), DEPARTURE) for r in records])

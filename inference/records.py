@@ -58,6 +58,9 @@ class Prompt(Record, frozen=True, omit_defaults=True):
     row: int = 0  # 1-based row number in the source, for error messages
     file: str = ""  # the file inside a folder or S3 prefix the row is in; empty for a one-file source
     turn_ends: list[int] = []
+    known_answer_chars: int = 0
+    """The length of the dataset's own answers to the turns asked (0: it gives none): a hint of how long
+    the work takes, for its order only (producer/work_order.py)."""
 
     def place(self) -> str:
         return row_place(self.row, self.file)

@@ -86,16 +86,26 @@ def parse_row(
     try:
         if not isinstance(raw, dict):
             raise _Rejection(f"row: must be a JSON object, got {_type_name(raw)}")
-        messages = _normalised_messages(raw, fields)
+        messages, last_answer_chars = _normalised_messages(raw, fields)
         prompt_id = explicit_id(raw, fields.ids) or hashed_id(messages)
         if NUL in prompt_id:
             raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
         return RejectedRow(row=row, reason=str(rejection), file=file)
     if turns is Turns.LAST:
-        return Prompt(id=prompt_id, messages=messages, row=row, file=file)
+        return Prompt(
+            id=prompt_id, messages=messages, row=row, file=file, known_answer_chars=last_answer_chars
+        )
     kept, turn_ends = turn_by_turn(messages)
-    return Prompt(id=prompt_id, messages=kept, row=row, file=file, turn_ends=turn_ends)
+    earlier_answer_chars = sum(len(m.content) for m in messages if m.role == ASSISTANT)
+    return Prompt(
+        id=prompt_id,
+        messages=kept,
+        row=row,
+        file=file,
+        turn_ends=turn_ends,
+        known_answer_chars=earlier_answer_chars + last_answer_chars,
+    )
 
 
 def turn_by_turn(messages: Sequence[Message]) -> tuple[list[Message], list[int]]:
@@ -112,15 +122,18 @@ def turn_by_turn(messages: Sequence[Message]) -> tuple[list[Message], list[int]]
     return kept, ends if len(ends) > 1 else []
 
 
-def _normalised_messages(row: Mapping[str, object], fields: RowFields) -> list[Message]:
+def _normalised_messages(row: Mapping[str, object], fields: RowFields) -> tuple[list[Message], int]:
+    """The conversation up to its last user turn, and the length of the dataset's answer to that turn."""
     for field in fields.turns:
         if row.get(field) is not None:
             turns, content_path = _turns_of(row[field], field)
-            return _with_system_field(_up_to_last_user_turn(turns, field, content_path), row, fields.system)
+            kept = _up_to_last_user_turn(turns, field, content_path)
+            answer_chars = sum(len(turn.content) for turn in turns[len(kept) :])
+            return _with_system_field(kept, row, fields.system), answer_chars
     for field in fields.prompt:
         if row.get(field) is not None:
             turns = [_prompt_turn(row[field], field)]
-            return _with_system_field(_up_to_last_user_turn(turns, field, field), row, fields.system)
+            return _with_system_field(_up_to_last_user_turn(turns, field, field), row, fields.system), 0
     raise _Rejection(no_prompt_reason(row, fields))
 
 

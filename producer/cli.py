@@ -42,7 +42,12 @@ def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
         thinking_help="chat_template_kwargs.enable_thinking (default on)",
         seed_help="recorded; SGLang honours it only with deterministic inference",
     )
-    group.add_argument("--batch-size", dest="batch_size", type=int, help="prompts per message (default 32)")
+    group.add_argument(
+        "--batch-size",
+        dest="batch_size",
+        type=int,
+        help="requests per message: prompts, a conversation counting its turns (default 32)",
+    )
     group.add_argument(
         "--output", dest="output_url", help="s3://bucket/prefix or a folder (default ./output)"
     )

@@ -5,9 +5,11 @@ what the run was asked to do), then, in one atomic Redis step, join the run's id
 that claimed it: how a duplicate in the input is told from an id already there) together with the
 batches that carry them and the outbox entry of each batch. Only then are the batch messages
 published, and each batch leaves the outbox once published. A crash anywhere leaves either nothing or
-batches in the outbox, which the next `enqueue` publishes first. Rejected rows go to the object store
-too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a
-prompt is never placed in two batches by two enqueues racing.
+batches in the outbox, which the next `enqueue` publishes first. A chunk's new prompts are batched longest
+expected work first, each batch at most `batch_size` requests (a conversation counts its turns), its id
+naming its class, the priority its message goes with (producer/work_order.py). Rejected rows go to the
+object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a prompt is
+never placed in two batches by two enqueues racing.
 
 An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
 first version is kept, and the later row is rejected naming the row (or the earlier enqueue) that
@@ -42,12 +44,14 @@ from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
 from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint, content_digest
+from producer.work_order import batched_by_turns, expected_work_tokens, longest_first, work_priority
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import ENQUEUED_PREFIX, REJECTED_PREFIX, content_key
 from workers.record.object_store import ObjectStore
 from workers.record.rejections import StoredRejection
+from workers.state.batch_priority import classed_batch_id
 from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, NEW, ORPHANED, Scripts
@@ -167,8 +171,10 @@ class Enqueuer:
         )
         self._notes: dict[int, str] = {}
 
-    def _new_batch_id(self) -> str:
-        return f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
+    def _new_batch_id(self, prompts: Sequence[Prompt]) -> str:
+        """A new batch's id, naming the class of its longest prompt's work (the first: longest first)."""
+        unique = f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
+        return classed_batch_id(work_priority(expected_work_tokens(prompts[0])), unique)
 
     def take_lease(self) -> None:
         """Take the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
@@ -314,14 +320,13 @@ class Enqueuer:
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
         if not fingerprinted:
             return []
+        fingerprinted = longest_first(fingerprinted, lambda pair: pair[0])
         new = [prompt for prompt, _ in fingerprinted]
         fingerprints = {prompt.id: found.encode() for prompt, found in fingerprinted if found is not None}
-        size = self.settings.batch_size
+        batched = batched_by_turns(new, self.settings.batch_size)
         batches = [
-            PromptBatch(
-                run=self.settings.run, batch_id=self._new_batch_id(), prompts=new[start : start + size]
-            )
-            for start in range(0, len(new), size)
+            PromptBatch(run=self.settings.run, batch_id=self._new_batch_id(members), prompts=members)
+            for members in batched
         ]
         ids = msgspec.json.encode([p.id for p in new])
         if self.store is not None:  # before Redis: the output never lacks an id the run holds

@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers.state.batch_priority import batch_priority
 from workers.state.queues import GENERATE_TASK
 
 PUBLISH_THREADS = 4
@@ -36,7 +37,9 @@ class BatchPublisher:
         return producer
 
     def _publish_one(self, run: str, batch_id: str) -> None:
-        self._app.send_task(GENERATE_TASK, args=[run, batch_id], producer=self._producer())
+        self._app.send_task(
+            GENERATE_TASK, args=[run, batch_id], producer=self._producer(), priority=batch_priority(batch_id)
+        )
 
     def __call__(self, run: str, batch_ids: Sequence[str]) -> None:
         """Publish every batch's message; returns once all are in Redis (raises the first failure)."""

@@ -35,10 +35,12 @@ DEFAULT_SERVER_HOST = "127.0.0.1"
 DEFAULT_BASE_PORT = SGLANG_BASE_PORT
 DEFAULT_MAX_IN_FLIGHT = REFERENCE_MAX_RUNNING_REQUESTS  # requests kept at the server
 DEFAULT_MAX_ATTEMPTS = 3
-# Batches held at once. A batch lives as long as its slowest prompt, and several held batches can be
-# in their tails together: hold ~5 windows of prompts (8 x 32 for 48 slots) so the window never starves.
-# Measured (benchmarks/bench_pipeline.py): 3 x 32 kept 0.80 of capacity, 6 x 32 kept 0.999.
-DEFAULT_BATCHES_IN_FLIGHT = 8
+# Batches held at once. A batch's task ends once every prompt of it is sent, so what a worker holds
+# beyond its window waits: one batch refills the window while the next is fetched. More only keeps work
+# from the other GPUs as the queue empties: bench_peer (2 GPUs, 600 single prompts, 200 conversations),
+# holding 8: wall / ideal 1.163 and 1.678, the GPUs finishing 0.6 and 13 requests apart; 2: 1.139 and
+# 1.345, 0.0 and 4.4 apart; 1: 1.205 and 1.207 (a window starves between batches of single prompts).
+DEFAULT_BATCHES_IN_FLIGHT = 2
 DEFAULT_VISIBILITY_TIMEOUT_S = 7200  # a backstop above any batch's lifetime; see docs/failures.md
 DEFAULT_UNACKED_RESTORE_INTERVAL_S = 10
 DEFAULT_SERVER_DOWN_RETRY_S = 30.0  # how soon a batch refused for an unreachable server comes back

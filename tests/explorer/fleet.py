@@ -70,6 +70,7 @@ from workers.recovery.reconciler import RECONCILER_LOCK_KEY, Reconciler, Reconci
 from workers.recovery.seat import Seat, TakenSeat
 from workers.recovery.seat_stamp import MICROSECONDS_PER_S, ServerView, decode_stamp, encode_stamp
 from workers.settings import WorkerSettings
+from workers.state.batch_priority import batch_priority
 from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
 from workers.state.message_check import why_malformed
@@ -89,7 +90,6 @@ from workers.state.queues import (
     KOMBU_PRIORITY_STEPS,
     KOMBU_UNACKED_INDEX_KEY,
     KOMBU_UNACKED_KEY,
-    NEW_BATCH_PRIORITY,
     RESUMED_BATCH_PRIORITY,
     queue_lists,
 )
@@ -224,7 +224,8 @@ def generate_list(priority: int) -> str:
 
 class Bus:
     """The generate queue in kombu's Redis layout, worked through the steps' own gated clients: a list per
-    priority step, a batch dispatched again once begun in the first, new work in the second. Messages
+    priority step, a batch dispatched again once begun in the first, new work in the one its id's class
+    names (workers/state/batch_priority.py). Messages
     are as enqueue and the reconciler send them (a real one, with another call and eta); what a worker pops
     is checked as its transport checks it (workers/state/message_check.py), and a malformed item is parked,
     never delivered."""
@@ -251,8 +252,10 @@ class Bus:
         batch_id: str,
         *,
         countdown_s: float = 0.0,
-        priority: int = NEW_BATCH_PRIORITY,
+        priority: int | None = None,
     ) -> None:
+        """Send a batch's message at `priority`, by default the one its id names (as enqueue sends it)."""
+        priority = batch_priority(batch_id) if priority is None else priority
         message = self.envelope(run, batch_id, self._clock.now_s + countdown_s, priority)
         self.sent.add(message)
         client.lpush(generate_list(priority), message)
@@ -467,7 +470,7 @@ class StepDispatcher:
         self._client = client
 
     def generate(self, run: str, batch_id: str, *, countdown_s: float = 0.0, resumed: bool = False) -> None:
-        priority = RESUMED_BATCH_PRIORITY if resumed else NEW_BATCH_PRIORITY
+        priority = RESUMED_BATCH_PRIORITY if resumed else batch_priority(batch_id)
         self._fleet.bus.publish(self._client, run, batch_id, countdown_s=countdown_s, priority=priority)
 
     def flush(self, run: str) -> None:

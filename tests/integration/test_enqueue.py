@@ -10,13 +10,15 @@ from pathlib import Path
 import msgspec
 import pytest
 import redis
+from kombu import Connection, Queue
 
 from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings
 from intake.reading import iter_prompts
-from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
+from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
 from producer.metrics_exporter import DraftgenCollector
+from producer.publisher import BatchPublisher
 from producer.recover import recover_run, write_run_settings
 from producer.run_access import pinned_settings
 from tests.support.records import completion
@@ -25,9 +27,12 @@ from workers.record.reading import read_enqueued_ids
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
+from workers.state.broker import BrokerOptions, sending_app
+from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 from workers.state.runs import RunSettings
 
@@ -80,6 +85,41 @@ def test_every_prompt_lands_in_exactly_one_published_batch(redis_client: redis.R
     )
     assert (report.new, report.batches) == (10, 3)
     assert sorted(prompts_in_batches(redis_client, publisher.published)) == sorted(f"q{i}" for i in range(10))
+
+
+def test_the_longest_known_work_is_delivered_first_though_its_rows_come_last(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given two chunks of short questions, then rows whose dataset answers are long
+    chunk_rows = BATCHES_PER_CHUNK * 4
+    long_answer = "word " * 20_000
+    long_rows = [
+        {
+            "id": f"long{i}",
+            "messages": [
+                {"role": "user", "content": f"essay {i}"},
+                {"role": "assistant", "content": long_answer},
+            ],
+        }
+        for i in range(8)
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", [*rows(2 * chunk_rows), *long_rows])
+    publisher = BatchPublisher(
+        sending_app(BrokerOptions(redis_url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
+    )
+    Enqueuer(redis_client, pin_settings(redis_client, settings()), publisher, source=data).enqueue(
+        iter_prompts(data)
+    )
+    publisher.close()
+    # When a worker's channel takes the run's messages one by one
+    with Connection(redis_url, transport=TRANSPORT_PATH) as connection:
+        queue = Queue(GENERATE_QUEUE, channel=connection.channel())
+        delivered: list[str] = []
+        while (message := queue.get(no_ack=True)) is not None:
+            delivered.append(message.payload[0][1])
+    # Then the long work comes first, the rest after it, each batch once
+    assert len(delivered) == len(set(delivered)) == 2 * BATCHES_PER_CHUNK + 2
+    assert set(prompts_in_batches(redis_client, delivered[:2])) == {f"long{i}" for i in range(8)}
 
 
 def test_re_running_adds_only_what_is_new(redis_client: redis.Redis, tmp_path: Path) -> None:

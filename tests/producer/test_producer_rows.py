@@ -52,6 +52,12 @@ def test_trailing_assistant_turns_are_dropped_because_the_next_one_is_generated(
         {"messages": [user("1+1?"), assistant("2"), user("times 3?"), assistant("6"), assistant("!")]}
     )
     assert [m.content for m in prompt.messages] == ["1+1?", "2", "times 3?"]
+    assert prompt.known_answer_chars == len("6") + len("!")  # the dataset's answer: a hint of the work
+
+
+def test_a_row_without_an_answer_gives_no_hint_of_its_work() -> None:
+    assert prompt_of({"messages": [user("1+1?"), assistant("2"), user("times 3?")]}).known_answer_chars == 0
+    assert prompt_of({"prompt": "1+1?"}).known_answer_chars == 0
 
 
 def test_text_content_parts_are_joined_without_a_separator() -> None:
@@ -238,6 +244,7 @@ def test_turn_by_turn_leaves_the_datasets_assistant_turns_out_and_marks_where_ea
     assert [m.content for m in prompt.messages] == ["s", "q1", "q2"]
     assert prompt.turn_ends == [2, 3]
     assert [m.content for m in prompt.request_messages(["new a1"])] == ["s", "q1", "new a1", "q2"]
+    assert prompt.known_answer_chars == len("a1") + len("a2")  # every answer the run writes again
 
 
 def test_a_rows_id_is_the_same_whichever_turns_the_run_regenerates() -> None:

@@ -22,7 +22,7 @@ from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH, Transport
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.kombu_layout import waiting_envelopes
-from workers.state.queues import GENERATE_QUEUE
+from workers.state.queues import GENERATE_QUEUE, KOMBU_PRIORITY_STEPS
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
 RUN, BATCH = "run-1", "batch-1"
@@ -40,7 +40,10 @@ REPEATED_KOMBU_METHODS: dict[Callable[..., Any], str] = {
 @pytest.fixture
 def unacked_channel(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Connection, object]]:
     """A channel holding one generate message it received and did not ack, its connection then closed."""
-    connection = Connection(redis_url, transport=request.param)
+    # kombu's own channel reads only its default priority steps unless told draftgen's
+    connection = Connection(
+        redis_url, transport=request.param, transport_options={"priority_steps": list(KOMBU_PRIORITY_STEPS)}
+    )
     app = sending_app(BrokerOptions(redis_url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
     CeleryDispatcher(app).generate(RUN, BATCH)
     channel = connection.channel()

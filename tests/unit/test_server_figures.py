@@ -8,9 +8,11 @@ import math
 import pytest
 
 from benchmarks.server_figures import (
+    finish_spread_s,
     finished,
     ideal,
     percentile,
+    request_seconds,
     sending_span_of,
     slots_busy,
     span_of,
@@ -123,3 +125,10 @@ def test_slots_busy_while_sending_leave_out_the_drain_after_the_last_arrival() -
     assert sending_span_of([log]).seconds == pytest.approx(4.0)
     assert slots_busy([log], slots=2, span=sending_span_of([log])) == pytest.approx(1.0)
     assert slots_busy([log], slots=2) == pytest.approx((2 * 6 + 1 * 14) / (2 * 20))
+
+
+def test_the_finish_spread_is_how_far_apart_the_servers_ran_out_of_work() -> None:
+    first = [request("a", 0.0, 10.0), request("b", 1.0, 6.0)]
+    second = [request("c", 0.0, 14.0)]
+    assert finish_spread_s([first, second, []]) == pytest.approx(4.0)
+    assert sorted(request_seconds([first, second])) == [5.0, 10.0, 14.0]

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from workers.state.batch_priority import UNCLASSED_BATCH_PRIORITY
 from workers.state.broker_tls import broker_use_ssl
-from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, NEW_BATCH_PRIORITY, UPLOAD_QUEUE
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
     from celery import Celery
@@ -52,7 +53,7 @@ def broker_config(options: BrokerOptions) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_routes": {
-            GENERATE_TASK: {"queue": GENERATE_QUEUE, "priority": NEW_BATCH_PRIORITY},
+            GENERATE_TASK: {"queue": GENERATE_QUEUE, "priority": UNCLASSED_BATCH_PRIORITY},
             FLUSH_TASK: {"queue": UPLOAD_QUEUE},
         },
         "task_default_queue": GENERATE_QUEUE,

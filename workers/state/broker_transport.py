@@ -42,7 +42,7 @@ from workers.errors import MalformedMessage
 from workers.state.broker_without_lua import RedisWithoutLuaLocks, RefreshBinding, SweepBindings
 from workers.state.message_check import Malformation, read_queue_item, read_unacked_entry
 from workers.state.parked_messages import UNACKED_QUEUE, ParkedMessage, park_or_drop, parked_message
-from workers.state.queues import TASK_OF_QUEUE
+from workers.state.queues import KOMBU_PRIORITY_STEPS, TASK_OF_QUEUE
 
 TRANSPORT_PATH = "workers.state.broker_transport:Transport"
 REDIS_SCHEMES = ("redis", "rediss")
@@ -66,6 +66,7 @@ class QoS(kombu_redis.QoS):
 
 class Channel(kombu_redis.Channel):
     QoS = QoS
+    priority_steps = list(KOMBU_PRIORITY_STEPS)  # noqa: RUF012  # kombu's attribute: a list per priority (queues.py)
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         remembered: dict[bool, dict[str, Any]] = self.__dict__.setdefault("_draftgen_connparams", {})

@@ -21,10 +21,12 @@ FLUSH_TASK = "draftgen.flush"
 
 # A batch dispatched again once its work began (taken back from a dead or silent worker, or handed back)
 # is delivered before every batch not begun yet: a conversation under way resumes before a new one starts.
+# New batches go at 1-9, by the work they are expected to take (workers/state/batch_priority.py).
 RESUMED_BATCH_PRIORITY = 0
-NEW_BATCH_PRIORITY = 3  # every other generate message (kombu's second priority step)
 KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (0, 3, 6, 9)
+KOMBU_PRIORITY_STEPS = tuple(
+    range(10)
+)  # every Celery priority a list of its own (kombu's default: 0, 3, 6, 9)
 
 KOMBU_UNACKED_KEY = "unacked"
 KOMBU_UNACKED_INDEX_KEY = "unacked_index"
