@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from kombu.transport import redis as kombu_redis
 
 from devstack.local_stack import flower_process, free_port, http_ok, wait_until
 from inference.records import SamplingSettings
@@ -60,6 +61,8 @@ WORKER, OTHER_WORKER = node_user(NODE), node_user(OTHER_NODE)
 RUN, BATCH = "after-the-junk", "0123456789abcdef"
 QUEUED_TASK_ID = "0f0f0f0f-0000-4000-8000-000000000000"
 PARKED_S = 30.0
+KOMBU_UNACKED_MUTEX_KEY = kombu_redis.Channel.unacked_mutex_key
+UNACKED_SWEEP_S = kombu_redis.Channel.unacked_mutex_expire + PARKED_S
 FINISH_S = 60.0
 QUESTION_TIMEOUT_S = 2.0
 WIDE_TERMINAL = "400"  # status prints its warning on one line
@@ -112,15 +115,19 @@ def parked_by_queue(admin: redis.Redis) -> Counter[str]:
     return by_queue
 
 
-def wait_for_parked(admin: redis.Redis, expected: Counter[str]) -> None:
+def wait_for_parked(admin: redis.Redis, expected: Counter[str], timeout_s: float) -> None:
     try:
         wait_until(
-            lambda: parked_by_queue(admin) == expected, timeout_s=PARKED_S, what="every message parked"
+            lambda: parked_by_queue(admin) == expected, timeout_s=timeout_s, what="every message parked"
         )
     except TimeoutError as error:
-        raise AssertionError(f"{error}: parked {parked_counts(admin)}") from error
+        mutex_ttl_s = admin.ttl(KOMBU_UNACKED_MUTEX_KEY)
+        raise AssertionError(
+            f"{error}: parked {parked_counts(admin)}; kombu's sweep lock expires in {mutex_ttl_s} s"
+        ) from error
 
 
+@pytest.mark.timeout(UNACKED_SWEEP_S + FINISH_S + PARKED_S)
 def test_no_malformed_message_a_node_can_push_stops_a_consumer_each_is_parked_and_work_goes_on(
     head: RedisHead, stack: RoleStack, tmp_path: Path, log_dir: Path
 ) -> None:
@@ -152,7 +159,9 @@ def test_no_malformed_message_a_node_can_push_stops_a_consumer_each_is_parked_an
                 "unacked": 1,
             }
         )
-        wait_for_parked(admin, expected)
+        # (the forged unacked entry waits for kombu's sweep, which every consumer runs under one lock: a
+        # sweep cut off on a loaded machine leaves it held until it expires, 5 minutes)
+        wait_for_parked(admin, expected, timeout_s=UNACKED_SWEEP_S)
 
         # Then every message is parked with its reason and the queue it came from
         reasons = {(count.queue, count.reason): count.count for count in parked_counts(admin)}
