@@ -11,8 +11,8 @@ client's own earlier answers):
     process, conversations dealt round robin, each server capped at the concurrency.
 Per run, from the servers' request logs (benchmarks/server_figures.py):
   - wall ÷ ideal: wall from the first request's arrival to the last one's end; ideal the run's output
-    tokens ÷ the servers' stated capacity, plus prefilling its prompt tokens (the simulator pauses
-    decoding to prefill; `decode s` is the capacity part alone);
+    tokens ÷ the servers' stated capacity, plus prefilling the prompt tokens the servers did not find in
+    their prefix cache (the simulator pauses decoding to prefill; `decode s` is the capacity part alone);
   - slots busy: the mean over that wall of min(requests a server holds, 48) ÷ 48; `sending`: the same up
     to the last request's arrival (the issue's "from first to last request"), before the drain, whose
     length is the longest requests' own (at these sizes a 32k-token request holds its slot ~35 s);

@@ -10,7 +10,12 @@ One simulated GPU (48 slots, the reasoning length mix), the same prompts for eac
     restart did before seats.
 Per run: wall time (enqueue to the last commit), the ratio to uninterrupted, the GPU's idle time after
 the kill (no request generating, from the kill until the new worker's first token), completions
-generated twice, and verify's word on the output (lost, duplicated).
+generated twice, and verify's word on the output (lost, duplicated). And what the kill threw away:
+the tokens the requests in flight had generated when their stream broke (the server's log: cancelled
+requests' output so far) plus the earlier copy of each completion generated twice, as GPU-seconds at
+the server's capacity (`lost GPU s`), and the least the kill must cost, those plus the idle time, as a
+share of the uninterrupted run (`floor ÷`): what no restart can win back without resuming a request from
+its streamed output.
 
     .venv/bin/python benchmarks/bench_restart.py [--prompts 500] [--speedup 20]
 
@@ -60,6 +65,19 @@ class Outcome:
     duplicated: int
     killed_at: float | None = None  # Unix time
     records: list[RequestRecord] = field(default_factory=list)  # the server's log of the run
+    thrown_away_tokens: int = 0  # generated, then lost with the kill
+
+
+def thrown_away_tokens(records: list[RequestRecord], run: str) -> int:
+    """Output the kill threw away: what cancelled requests of the run had generated, and every copy but
+    the last of a prompt's completions generated more than once."""
+    mine = [r for r in records if r.rid.startswith(f"{run}:")]
+    cancelled = sum(r.completion_tokens for r in mine if r.status == "cancelled")
+    finished: dict[str, list[int]] = {}
+    for r in mine:
+        if r.status == "ok":
+            finished.setdefault(r.rid.split(":")[1], []).append(r.completion_tokens)
+    return cancelled + sum(sum(copies[:-1]) for copies in finished.values())
 
 
 def handed_over(ledger: RunLedger) -> int:
@@ -128,6 +146,7 @@ def one_run(
         duplicated=len(report.duplicated) + len(report.committed_and_dead),
         killed_at=killed_at,
         records=records,
+        thrown_away_tokens=thrown_away_tokens(records, name),
     )
 
 
@@ -168,21 +187,25 @@ def main() -> int:
             )
             print(f"{name}: {outcomes[-1].wall_s:.1f} s", file=sys.stderr)
     base = outcomes[0].wall_s
+    capacity = sim.settings.capacity_output_tokens_per_wall_s()
     print(f"{args.prompts} prompts, reasoning length mix, speedup {args.speedup:g}, one GPU, 48 slots")
     print(
         f"{'run':<14} {'wall s':>8} {'÷ uninterrupted':>15} {'idle after kill s':>17}"
-        f" {'twice':>6} {'lost':>5} {'dup':>4}"
+        f" {'twice':>6} {'lost GPU s':>10} {'floor ÷':>7} {'lost':>5} {'dup':>4}"
     )
     for o in outcomes:
         idle = "" if o.idle_after_kill_s is None else f"{o.idle_after_kill_s:.1f}"
+        thrown_s = o.thrown_away_tokens / capacity
+        floor = 1 + (thrown_s + (o.idle_after_kill_s or 0.0)) / base
         print(
             f"{o.name:<14} {o.wall_s:>8.1f} {o.wall_s / base:>15.3f} {idle:>17} {o.generated_twice:>6}"
-            f" {o.lost:>5} {o.duplicated:>4}"
+            f" {thrown_s:>10.1f} {floor:>7.3f} {o.lost:>5} {o.duplicated:>4}"
         )
     restarted = outcomes[1]
     print(
         f"restart_wall_ratio={restarted.wall_s / base:.3f} "
-        f"idle_after_kill_s={restarted.idle_after_kill_s or 0.0:.1f}"
+        f"idle_after_kill_s={restarted.idle_after_kill_s or 0.0:.1f} "
+        f"thrown_away_gpu_s={restarted.thrown_away_tokens / capacity:.1f}"
     )
     return 0 if all(o.verified for o in outcomes) else 1
 

@@ -120,9 +120,11 @@ def describe_gaps(gaps: Sequence[float]) -> str:
 @dataclass(frozen=True)
 class Ideal:
     """The least wall time the servers' stated capacity allows for the run's work, split evenly among
-    them: decoding every output token with every slot busy, plus prefilling every prompt token (the
-    simulator pauses decoding while it prefills). Each prefill batch's fixed time is left out: how many
-    batches there are is up to the client."""
+    them: decoding every output token with every slot busy, plus prefilling every prompt token the
+    server did not find in its prefix cache (the simulator pauses decoding while it prefills). Each
+    prefill batch's fixed time is left out: how many batches there are is up to the client. What the
+    cache saves depends on the client (a conversation's turns kept on one server find their context
+    there), so between clients compare the walls as well: the ideal counts the prefill each one caused."""
 
     decode_s: float
     prefill_s: float
@@ -136,7 +138,7 @@ def ideal(per_server: Sequence[Sequence[RequestRecord]], settings: SimulatorSett
     every = [r for records in per_server for r in records]
     servers = len(per_server)
     output_tokens = sum(r.completion_tokens for r in every)
-    prompt_tokens = sum(r.prompt_tokens for r in every)
+    prompt_tokens = sum(r.prompt_tokens - r.cached_tokens for r in every)
     return Ideal(
         decode_s=output_tokens / (settings.capacity_output_tokens_per_wall_s() * servers),
         prefill_s=prompt_tokens * settings.prefill_per_token_s / settings.speedup / servers,

@@ -44,7 +44,7 @@ from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
 from producer.file_numbers import FileNumbers
 from producer.fingerprints import Fingerprint, content_digest
-from producer.work_order import batched_by_turns, expected_work_tokens, longest_first, work_priority
+from producer.work_order import RunLengths, WorkPredictor, batched_by_turns
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
@@ -56,6 +56,7 @@ from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, NEW, ORPHANED, Scripts
 from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, TURNS, generated_turns, parse_counters
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +171,22 @@ class Enqueuer:
             token=uuid.uuid4().hex, number=0, note=EnqueueNote(source=source, at=0.0), requeue_orphans=False
         )
         self._notes: dict[int, str] = {}
+        self._work = WorkPredictor()  # used on the store thread only
 
     def _new_batch_id(self, prompts: Sequence[Prompt]) -> str:
         """A new batch's id, naming the class of its longest prompt's work (the first: longest first)."""
         unique = f"{self._batch_ids.getrandbits(BATCH_ID_BITS):0{BATCH_ID_BITS // BITS_PER_HEX_DIGIT}x}"
-        return classed_batch_id(work_priority(expected_work_tokens(prompts[0])), unique)
+        return classed_batch_id(self._work.priority(prompts[0]), unique)
+
+    def _run_lengths(self) -> RunLengths:
+        """What the run's completions so far show (none before its first), to order what comes next."""
+        fields = (TURNS, COMPLETIONS, COMPLETION_TOKENS)
+        values = self.client.hmget(self.keys.stats, fields)
+        counters = parse_counters(
+            {name.encode(): value for name, value in zip(fields, values, strict=True) if value is not None}
+        )
+        tokens = counters.get(COMPLETION_TOKENS, 0)
+        return RunLengths(turns=generated_turns(counters), completion_tokens=tokens)
 
     def take_lease(self) -> None:
         """Take the run's enqueue lease; EnqueueBusy when another enqueue holds it."""
@@ -320,7 +332,9 @@ class Enqueuer:
         self._record_rejections([item for item in chunk if isinstance(item, RejectedRow)], conflicts, report)
         if not fingerprinted:
             return []
-        fingerprinted = longest_first(fingerprinted, lambda pair: pair[0])
+        self._work.learn(self._run_lengths())
+        self._work.observe(prompts)
+        fingerprinted = self._work.longest_first(fingerprinted, lambda pair: pair[0])
         new = [prompt for prompt, _ in fingerprinted]
         fingerprints = {prompt.id: found.encode() for prompt, found in fingerprinted if found is not None}
         batched = batched_by_turns(new, self.settings.batch_size)

@@ -26,7 +26,6 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from inference.exit_codes import EXIT_OK
 from producer.errors import RunNotFound, RunStateBroken, SettingsError
 from producer.settings import ProducerSettings
-from producer.status.figures import parse_counters
 from producer.status.gather import gather_status, queue_depths
 from producer.status.model import RunStatus
 from workers.state.heartbeats import read_heartbeats
@@ -40,6 +39,7 @@ from workers.state.stats_fields import (
     PROMPT_TOKENS,
     QUALITY_PREFIX,
     REASONING_TOKENS,
+    parse_counters,
 )
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     error: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, found in the server's prefix cache (at its last admission)
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     received_at: float = 0.0  # Unix time

@@ -211,6 +211,7 @@ class _ChatCall:
     def _settle(self, plan: GenerationPlan, request: SimRequest, record: RequestRecord) -> None:
         """Copy the final counts into the record."""
         record.completion_tokens = request.final_tokens
+        record.cached_tokens = request.cached_tokens
         record.reasoning_tokens = plan.reasoning_tokens(request.final_tokens)
         record.finish_reason = "abort" if request.aborted else plan.finish_reason
         record.http_status = record.http_status or 200

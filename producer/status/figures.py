@@ -80,11 +80,6 @@ def parse_events(entries: Iterable[tuple[bytes, Mapping[bytes, bytes]]]) -> list
     return events
 
 
-def parse_counters(raw: Mapping[bytes, bytes]) -> dict[str, int]:
-    """The integer fields of a stats hash (first_completion_at included)."""
-    return {key.decode(): int(value) for key, value in raw.items() if value.lstrip(b"-").isdigit()}
-
-
 def run_started_s(first_completion_at: int | None, oldest_event_s: float | None) -> float | None:
     """When the first completion landed: the oldest event's exact time while the stream still holds it,
     else the whole second recorded in stats."""

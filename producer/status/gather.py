@@ -19,7 +19,6 @@ from producer.status.figures import (
     gate_figures,
     gpu_rows,
     make_progress,
-    parse_counters,
     parse_events,
     quality_figures,
     rates_over,
@@ -43,7 +42,13 @@ from workers.state.kombu_layout import waiting_messages
 from workers.state.parked_messages import parked_counts
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
-from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, FIRST_COMPLETION_AT, generated_turns
+from workers.state.stats_fields import (
+    COMPLETION_TOKENS,
+    COMPLETIONS,
+    FIRST_COMPLETION_AT,
+    generated_turns,
+    parse_counters,
+)
 
 GPU_SAMPLE_EVENTS = 5_000  # most recent completions read to learn which GPUs served the run
 UNACKED_SCAN_COUNT = 1000

@@ -13,7 +13,7 @@ import redis
 from kombu import Connection, Queue
 
 from devstack.local_stack import wait_until
-from inference.records import PromptBatch, SamplingSettings
+from inference.records import PromptBatch, SamplingSettings, Turns, Usage
 from intake.reading import iter_prompts
 from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
@@ -21,12 +21,14 @@ from producer.metrics_exporter import DraftgenCollector
 from producer.publisher import BatchPublisher
 from producer.recover import recover_run, write_run_settings
 from producer.run_access import pinned_settings
+from producer.work_order import MIN_TURNS_LEARNED
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore
 from workers.record.reading import read_enqueued_ids
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
+from workers.state.batch_priority import batch_priority
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.codec import decode_blob
@@ -120,6 +122,41 @@ def test_the_longest_known_work_is_delivered_first_though_its_rows_come_last(
     # Then the long work comes first, the rest after it, each batch once
     assert len(delivered) == len(set(delivered)) == 2 * BATCHES_PER_CHUNK + 2
     assert set(prompts_in_batches(redis_client, delivered[:2])) == {f"long{i}" for i in range(8)}
+
+
+def test_what_a_later_enqueue_adds_is_ordered_by_the_turn_length_the_runs_completions_show(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a run whose completions so far show a turn takes 9,000 tokens (a thinking model), staged as a
+    # generate worker stages them
+    pinned = pin_settings(redis_client, settings(batch_size=2))
+    ledger = RunLedger(redis_client, RUN)
+    for i in range(MIN_TURNS_LEARNED):
+        finished = completion(f"done{i}")
+        ledger.stage(
+            msgspec.structs.replace(
+                finished, usage=Usage(prompt_tokens=5, completion_tokens=9_000, reasoning_tokens=8_000)
+            )
+        )
+    # When rows come in: a 2-turn conversation the dataset leaves unanswered, a question whose dataset
+    # answer is 4,000 tokens long
+    conversation = {"id": "two", "messages": [user("first?"), assistant("ok"), user("second?")]}
+    answered = {"id": "one", "messages": [user("essay?"), assistant("w" * 16_000)]}
+    data = write_jsonl(tmp_path / "d.jsonl", [answered, conversation])
+    publisher = RecordingPublisher()
+    Enqueuer(redis_client, pinned, publisher, source=data).enqueue(iter_prompts(data, turns=Turns.ALL))
+    # Then two of the run's turns go before one with a long answer (with no completions the guess of a
+    # turn, 2,048 tokens, would put the answer first)
+    classes = {prompts_in_batches(redis_client, [b])[0]: batch_priority(b) for b in publisher.published}
+    assert classes["two"] < classes["one"]
+
+
+def user(content: str) -> dict[str, str]:
+    return {"role": "user", "content": content}
+
+
+def assistant(content: str) -> dict[str, str]:
+    return {"role": "assistant", "content": content}
 
 
 def test_re_running_adds_only_what_is_new(redis_client: redis.Redis, tmp_path: Path) -> None:

@@ -149,6 +149,9 @@ def test_a_conversations_next_turn_on_the_same_server_prefills_only_what_is_new(
         sample_value(exposition, "sglang:cached_tokens_total")
         == on_same["usage"]["prompt_tokens_details"]["cached_tokens"]
     )
+    # and its request log, which benchmarks judge from, says so too
+    logged = httpx.get(same.url + "/admin/requests").json()["requests"][-1]
+    assert logged["cached_tokens"] == on_same["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 def chat(sim: SimulatorProcess, messages: list[dict[str, str]]) -> dict[str, Any]:

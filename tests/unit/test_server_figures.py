@@ -32,6 +32,7 @@ def request(
     status: str = "ok",
     completion_tokens: int = 0,
     prompt_tokens: int = 0,
+    cached_tokens: int = 0,
 ) -> RequestRecord:
     return RequestRecord(
         rid=f"{run}:{prompt_id}:{round(received_at * 1000):08x}",
@@ -45,6 +46,7 @@ def request(
         finished_at=finished_at,
         completion_tokens=completion_tokens,
         prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
     )
 
 
@@ -94,7 +96,7 @@ def test_only_the_runs_answered_requests_count() -> None:
     assert finished(log, RUN) == [mine]
 
 
-def test_the_ideal_is_decoding_every_token_at_capacity_plus_prefilling_every_prompt_token() -> None:
+def test_the_ideal_is_decoding_every_token_at_capacity_plus_prefilling_every_uncached_prompt_token() -> None:
     # Capacity: 10 slots × 1 token per step ÷ 0.1 s per step = 100 tokens/s per server, at speedup 2: 200.
     settings = SimulatorSettings(
         max_running_requests=10,
@@ -104,12 +106,15 @@ def test_the_ideal_is_decoding_every_token_at_capacity_plus_prefilling_every_pro
         prefill_per_token_s=0.001,
         speedup=2.0,
     )
-    first = [request("a", 0.0, 1.0, completion_tokens=300, prompt_tokens=1000)]
+    first = [
+        request("a", 0.0, 1.0, completion_tokens=300, prompt_tokens=1000),
+        request("a2", 1.0, 2.0, prompt_tokens=1400, cached_tokens=1400 - 1000),  # a's turn 2: 1,000 new
+    ]
     second = [request("b", 0.0, 1.0, completion_tokens=500)]
     result = ideal([first, second], settings)
     assert result.decode_s == pytest.approx(800 / (200 * 2))
-    assert result.prefill_s == pytest.approx(1000 * 0.001 / 2.0 / 2)
-    assert result.seconds == pytest.approx(2.0 + 0.25)
+    assert result.prefill_s == pytest.approx(2000 * 0.001 / 2.0 / 2)
+    assert result.seconds == pytest.approx(2.0 + 0.5)
 
 
 def test_percentiles_are_nearest_rank_and_nothing_measured_is_not_a_number() -> None:

@@ -27,7 +27,6 @@ from producer.status.figures import (
     estimate_eta,
     gpu_rows,
     make_progress,
-    parse_counters,
     parse_events,
     quality_figures,
     rates_over,
@@ -54,6 +53,7 @@ from producer.status.model import (
 from producer.status_cli import PRICE_ENV, resolve_price
 from producer.status_view import duration, render_status, size
 from workers.state.heartbeats import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
+from workers.state.stats_fields import parse_counters
 
 START_S = 1_800_000_000.0  # the fake clock's first completion
 
@@ -73,8 +73,9 @@ def test_stream_entries_become_events_and_odd_fields_do_not_break_them() -> None
     assert events == [Event(1.0, 42, "a/gpu0"), Event(2.0, 0, "?")]
 
 
-def test_counters_keep_the_integer_fields_only() -> None:
-    assert parse_counters({b"completions": b"7", b"x": b"abc", b"neg": b"-2"}) == {
+def test_counters_keep_the_integer_fields_only_and_one_past_64_bits_is_none() -> None:
+    huge = b"9" * 5_000  # int() refuses past 4,300 digits: one written into Redis must not stop status
+    assert parse_counters({b"completions": b"7", b"x": b"abc", b"neg": b"-2", b"turns": huge}) == {
         "completions": 7,
         "neg": -2,
     }
