@@ -298,7 +298,7 @@ def last_line(results: Sequence[Measured]) -> str:
     for measured in results:
         for figure, value in measured.figures().items():
             parts.append(f"{measured.workload}.{measured.client}.{figure}={value:.4g}")
-    for workload in (SINGLE, CONVERSATIONS):
+    for workload in sorted({m.workload for m in results}, key=(SINGLE, CONVERSATIONS).index):
         ours = next(m for m in results if m.workload == workload and m.client == "draftgen").figures()
         peers = [m.figures() for m in results if m.workload == workload and m.client.startswith("peer")]
         behind = [
@@ -341,7 +341,8 @@ def main() -> int:
     pins = pinning(args.pin)
     # The first `--conversations` of bench_pipeline's seeded conversations: each gets 1-6 turns.
     conversations = bench_conversations(args.conversations * MAX_TURNS)[: args.conversations]
-    workloads = {SINGLE: bench_prompts(args.prompts), CONVERSATIONS: conversations}
+    every = {SINGLE: bench_prompts(args.prompts), CONVERSATIONS: conversations}
+    workloads = {workload: prompts for workload, prompts in every.items() if prompts}  # 0: not run
     results: list[Measured] = []
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
 
 ASSISTANT_ROLE = "assistant"
+TOKEN_ID_LIMIT = 2**31  # every vocabulary holds fewer entries: an id fits a 32-bit column
+
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=TOKEN_ID_LIMIT)]
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,8 +137,8 @@ class Turn(Record, frozen=True):
     attempt: int
     budget_retries: int = 0
     spec_accept_length: float | None = None
-    prompt_token_ids: list[int] | None = None
-    response_token_ids: list[int] | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    response_token_ids: list[TokenId] | None = None
 
 
 class Completion(Record, frozen=True):
@@ -148,20 +152,20 @@ class Completion(Record, frozen=True):
     reasoning_content: str | None
     content: str
     finish_reason: str
+    quality: Quality
     usage: Usage
     timings: Timings
     model: str
     sampling: SamplingSettings
     origin: Origin
     attempt: int
-    quality: Quality
     spec_accept_length: float | None = None
     budget_retries: int = 0  # times the budget was doubled after thinking was cut off
     # The exact ids the server tokenized and sampled (SGLang's `return_token_ids`): the chat template
     # applied to the prompt, then every generated token, thinking and `</think>` and EOS included.
     # None when the server does not return them (SGLang before 0.5.23).
-    prompt_token_ids: list[int] | None = None
-    response_token_ids: list[int] | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    response_token_ids: list[TokenId] | None = None
     earlier_turns: list[Turn] = []
     conversation_turns: int = 1
 
