@@ -80,7 +80,7 @@ def test_a_turn_weighs_what_the_runs_completions_show_once_they_hold_enough_turn
     assert work.priority(two_turns) == SHORTEST_WORK_PRIORITY - 2
 
 
-def test_a_prompt_the_dataset_leaves_unanswered_is_expected_to_need_the_mean_answer_of_those_answered() -> None:
+def test_a_row_the_dataset_leaves_unanswered_is_expected_to_need_the_mean_answer_of_the_answered() -> None:
     # Given a dataset answered in part: answers of 4,000 and 12,000 characters, one of 400, and one row
     # with none
     answered = [conversation(1, answers_chars=chars, name=f"a{chars}:") for chars in (4_000, 12_000, 400)]
