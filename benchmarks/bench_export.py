@@ -47,9 +47,12 @@ SEED = 7
 
 
 def draw_ids(rng: np.random.Generator, count: int, *, uniform: bool) -> list[int]:
+    ids: list[int]
     if uniform:
-        return rng.integers(0, VOCABULARY, count).tolist()
-    return (np.minimum(rng.zipf(ZIPF_EXPONENT, count), VOCABULARY) - 1).tolist()
+        ids = rng.integers(0, VOCABULARY, count).tolist()
+    else:
+        ids = (np.minimum(rng.zipf(ZIPF_EXPONENT, count), VOCABULARY) - 1).tolist()
+    return ids
 
 
 def spelled(ids: list[int]) -> str:

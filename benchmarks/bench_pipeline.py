@@ -30,6 +30,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,7 +213,7 @@ def main() -> int:
         try:
             with SimulatorProcess(settings) as sim:
                 capacity = settings.capacity_output_tokens_per_wall_s()
-                runs = [
+                runs: list[tuple[str, Callable[[], object]]] = [
                     ("asyncio-48", lambda: asyncio.run(asyncio_client(sim, prompts))),
                     (
                         "one-batch",

@@ -81,4 +81,3 @@ def log_dir(tmp_path: Path) -> Path:
     path = tmp_path / "logs"
     path.mkdir()
     return path
-

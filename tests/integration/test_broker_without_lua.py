@@ -9,9 +9,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from kombu import Connection, Exchange, Queue
+from kombu.connection import Connection
+from kombu.entity import Queue
 from redis.exceptions import LockNotOwnedError
 
+from tests.support import kombu_calls
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.broker_without_lua import RedisWithoutLuaLocks
@@ -56,20 +58,20 @@ def scriptless_url(redis_client: redis.Redis, redis_url: str) -> Iterator[str]:
 
 
 def expiring_queue(name: str, connection: Connection) -> Queue:
-    exchange = Exchange(name, type="direct")
-    return Queue(name, exchange, routing_key=name, expires=EXPIRING_S, channel=connection)
+    exchange = kombu_calls.exchange(name, type="direct")
+    return kombu_calls.queue(name, exchange, routing_key=name, expires=EXPIRING_S, channel=connection)
 
 
 def test_a_message_past_its_visibility_timeout_comes_back_to_its_queue(
     scriptless_url: str, redis_client: redis.Redis
 ) -> None:
-    connection = Connection(
+    connection = kombu_calls.connect(
         scriptless_url, transport=TRANSPORT_PATH, transport_options={"visibility_timeout": 0}
     )
     sender = sending_app(BrokerOptions(scriptless_url, visibility_timeout_s=0, unacked_restore_interval_s=10))
     CeleryDispatcher(sender).generate("run-1", "batch-1")
     channel = connection.default_channel
-    taken = Queue(GENERATE_QUEUE, channel=channel).get(no_ack=False)
+    taken = kombu_calls.get(kombu_calls.queue(GENERATE_QUEUE, channel=channel), no_ack=False)
     assert taken is not None and waiting_messages(redis_client, GENERATE_QUEUE) == 0
 
     channel.qos.restore_visible(num=1)
@@ -77,7 +79,7 @@ def test_a_message_past_its_visibility_timeout_comes_back_to_its_queue(
     assert waiting_messages(redis_client, GENERATE_QUEUE) == 1
     assert not redis_client.exists("unacked_mutex")  # the restore lock was given up
     channel.qos.restore_at_shutdown = False
-    connection.release()
+    kombu_calls.release(connection)
 
 
 def test_a_restore_lock_taken_over_by_another_consumer_is_left_to_it(
@@ -100,30 +102,33 @@ def test_a_restore_lock_taken_over_by_another_consumer_is_left_to_it(
 def test_a_binding_table_no_consumer_refreshed_is_swept_and_a_refreshed_one_stays(
     scriptless_url: str, redis_client: redis.Redis
 ) -> None:
-    connection = Connection(scriptless_url, transport=TRANSPORT_PATH)
+    connection = kombu_calls.connect(scriptless_url, transport=TRANSPORT_PATH)
     for name in ("abandoned", "alive"):
-        expiring_queue(name, connection).declare()
+        kombu_calls.declare(expiring_queue(name, connection))
     assert redis_client.exists(table("abandoned"), table("alive")) == 2
     redis_client.zadd(DEADLINES, {"abandoned": 0})  # nobody refreshed it in time
 
-    swept = connection.default_channel.sweep_bindings()
+    swept = kombu_calls.sweep_bindings(connection)
 
     assert swept == 1
     assert not redis_client.exists(table("abandoned"))
     assert redis_client.exists(table("alive")) and redis_client.zscore(DEADLINES, "alive")
-    connection.release()
+    kombu_calls.release(connection)
 
 
 def test_an_overdue_table_that_a_queue_without_expiry_binds_is_kept(
     scriptless_url: str, redis_client: redis.Redis
 ) -> None:
-    connection = Connection(scriptless_url, transport=TRANSPORT_PATH)
-    expiring_queue("shared", connection).declare()
-    Queue("lasting", Exchange("shared", type="direct"), routing_key="lasting", channel=connection).declare()
+    connection = kombu_calls.connect(scriptless_url, transport=TRANSPORT_PATH)
+    kombu_calls.declare(expiring_queue("shared", connection))
+    lasting = kombu_calls.queue(
+        "lasting", kombu_calls.exchange("shared", type="direct"), routing_key="lasting", channel=connection
+    )
+    kombu_calls.declare(lasting)
     redis_client.zadd(DEADLINES, {"shared": 0})
 
-    connection.default_channel.sweep_bindings()
+    kombu_calls.sweep_bindings(connection)
 
     assert redis_client.exists(table("shared"), permanent("shared")) == 2
     assert redis_client.zscore(DEADLINES, "shared") is None
-    connection.release()
+    kombu_calls.release(connection)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -14,7 +15,7 @@ import redis
 
 from devstack.local_stack import wait_until
 from inference.records import Completion, DeadLetter, Quality
-from inference.simulator import SimulatorProcess
+from inference.simulator import RequestRecord, SimulatorProcess
 from tests.support import prompt_files
 from tests.support.records import completion
 from tests.support.stack import Stack, simulators_running
@@ -46,6 +47,12 @@ def stack(redis_url: str, log_dir: Path, sims: list[SimulatorProcess]) -> Iterat
     running = Stack(redis_url, log_dir, sims)
     yield running
     running.stop()
+
+
+def messages_of(record: RequestRecord) -> list[dict[str, Any]]:
+    """The messages of a request the simulator logged them for: the only requests the tests keep."""
+    assert record.messages is not None
+    return record.messages
 
 
 def marked_conversation(index: int) -> dict[str, object]:
@@ -95,19 +102,21 @@ def test_every_assistant_turn_is_regenerated_in_order_and_a_killed_worker_loses_
         if record.rid.startswith(run + ":") and record.messages is not None
     ]
     assert requests
-    assert not any(MARKER in str(message["content"]) for record in requests for message in record.messages)
+    assert not any(
+        MARKER in str(message["content"]) for record in requests for message in messages_of(record)
+    )
     # And request j held the answers the committed row keeps for the turns before j
     answers = {row.prompt_id: [turn.content for turn in row.turns()] for row in rows}
     for record in requests:
-        sent = [m["content"] for m in record.messages if m["role"] == "assistant"]
+        sent = [m["content"] for m in messages_of(record) if m["role"] == "assistant"]
         conversation = record.rid.split(":")[1]
         assert sent == answers[conversation][: len(sent)], record.rid
-    assert {len([m for m in r.messages if m["role"] == "user"]) for r in requests} == {1, 2, 3}
+    assert {len([m for m in messages_of(r) if m["role"] == "user"]) for r in requests} == {1, 2, 3}
     # And a conversation taken over resumed at its next turn: its first was answered once, before the kill
     first_turns = Counter(
         r.rid.split(":")[1]
         for r in requests
-        if r.status == "ok" and sum(m["role"] == "user" for m in r.messages) == 1
+        if r.status == "ok" and sum(m["role"] == "user" for m in messages_of(r)) == 1
     )
     assert all(first_turns[conversation] == 1 for conversation in kept_at_kill)
     # And nothing is left kept once every conversation is committed

@@ -17,7 +17,7 @@ from producer.gc import collect_orphans
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
 from workers.bootsteps.seating import EXIT_SEAT_HELD
-from workers.record.manifest import DATA_PREFIX, read_manifest
+from workers.record.manifest import DATA_PREFIX, completion_keys, read_manifest
 from workers.record.parquet_io import prompt_ids_in
 from workers.record.storage import open_store
 from workers.recovery.leases import decode_holder
@@ -166,7 +166,9 @@ def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_
         assert process is not None
         process.kill()
     store = open_store(output.as_uri())
-    committed_before = {pid for entry in read_manifest(store) for pid in prompt_ids_in(store.get(entry.key))}
+    committed_before = {
+        pid for key in completion_keys(read_manifest(store)) for pid in prompt_ids_in(store.get(key))
+    }
     assert 40 <= len(committed_before) < 160
     client.flushdb()
     # Then recover rebuilds the committed state from the output alone

@@ -6,11 +6,11 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 import redis
-from kombu import Connection, Queue
 
 from devstack.local_stack import wait_until
 from inference.records import PromptBatch, SamplingSettings, Turns, Usage
@@ -22,6 +22,7 @@ from producer.publisher import BatchPublisher
 from producer.recover import recover_run, write_run_settings
 from producer.run_access import pinned_settings
 from producer.work_order import MIN_TURNS_LEARNED
+from tests.support import kombu_calls
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore
 from workers.record.reading import read_enqueued_ids
@@ -55,10 +56,10 @@ class RecordingPublisher:
             self.published.append(batch_id)
 
 
-def settings(batch_size: int = 4, **sampling: object) -> RunSettings:
+def settings(batch_size: int = 4, **sampling: Any) -> RunSettings:
     return RunSettings(
         run=RUN, sampling=SamplingSettings(**sampling), output_url="file:///tmp/out", batch_size=batch_size
-    )  # type: ignore[arg-type]
+    )
 
 
 def write_jsonl(path: Path, rows: list[object]) -> str:
@@ -114,10 +115,10 @@ def test_the_longest_known_work_is_delivered_first_though_its_rows_come_last(
     )
     publisher.close()
     # When a worker's channel takes the run's messages one by one
-    with Connection(redis_url, transport=TRANSPORT_PATH) as connection:
-        queue = Queue(GENERATE_QUEUE, channel=connection.channel())
+    with kombu_calls.connect(redis_url, transport=TRANSPORT_PATH) as connection:
+        queue = kombu_calls.queue(GENERATE_QUEUE, channel=kombu_calls.open_channel(connection))
         delivered: list[str] = []
-        while (message := queue.get(no_ack=True)) is not None:
+        while (message := kombu_calls.get(queue, no_ack=True)) is not None:
             delivered.append(message.payload[0][1])
     # Then the long work comes first, the rest after it, each batch once
     assert len(delivered) == len(set(delivered)) == 2 * BATCHES_PER_CHUNK + 2

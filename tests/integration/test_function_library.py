@@ -97,14 +97,14 @@ def test_a_user_that_may_not_load_them_calls_them_once_the_producer_has(
     assert acquired is Acquired.FINISHED  # no batch b0: the answer of the function, not an error
 
 
-class DeletedAfterLoading(redis.Redis):
+class DeletedAfterLoading(redis.Redis):  # type: ignore[misc]  # redis-py is not followed
     """A client whose loads another process undoes, the first `times` times (a FUNCTION DELETE or FLUSH
     landing between a load and the call after it)."""
 
     times = 0
 
     def function_load(self, *args: object, **kwargs: object) -> object:
-        loaded = super().function_load(*args, **kwargs)  # type: ignore[arg-type]
+        loaded = super().function_load(*args, **kwargs)
         if DeletedAfterLoading.times > 0:
             DeletedAfterLoading.times -= 1
             self.function_delete(LIBRARY.name)

@@ -160,5 +160,6 @@ def test_a_batch_tail_whose_hand_over_meets_no_function_library_hands_its_lease_
     context.leases.renew()
 
     # Then the batch goes out again and is free for that delivery
-    assert context.dispatcher.generated == [(RUN, batch_id)]  # type: ignore[attr-defined]
+    assert isinstance(context.dispatcher, RecordingDispatcher)
+    assert context.dispatcher.generated == [(RUN, batch_id)]
     assert another_execution_takes(producer, batch_id) is Acquired.ACQUIRED

@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import datasets as hf_datasets
@@ -49,10 +50,10 @@ def stack(redis_server: str, s3_endpoint: str, tmp_path_factory: pytest.TempPath
         sim.stop()
 
 
-def committed_rows(stack: Stack, run: str) -> list[dict[str, object]]:
+def committed_rows(stack: Stack, run: str) -> list[dict[str, Any]]:
     settings = decode_run_settings(redis.Redis.from_url(stack.redis_url).get(RunKeys(run).settings))
     store = open_store(settings.output_url)
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
     for key in completion_keys(read_manifest(store)):
         rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
     return rows
@@ -105,7 +106,7 @@ def test_a_few_hundred_prompts_run_end_to_end_in_each_format(
     assert len(rows) == PROMPTS_PER_FORMAT
     assert {row["prompt_id"] for row in rows} == {f"{input_format}-{i}" for i in range(PROMPTS_PER_FORMAT)}
     assert all(row["reasoning_content"] and row["content"] for row in rows)
-    assert {row["origin"]["gpu"] for row in rows} == {0, 1}  # type: ignore[index]
+    assert {row["origin"]["gpu"] for row in rows} == {0, 1}
 
 
 def test_a_finished_run_carries_exact_token_ids_and_exports_for_both_trainers_from_redis_s_record(
@@ -119,9 +120,9 @@ def test_a_finished_run_carries_exact_token_ids_and_exports_for_both_trainers_fr
     stack.wait_finished("ids")
     # Then every row holds the server's ids, as many as its usage says, and names its server's facts
     rows = committed_rows(stack, "ids")
-    assert all(len(row["prompt_token_ids"]) == row["usage"]["prompt_tokens"] for row in rows)  # type: ignore[arg-type, index]
-    assert all(len(row["response_token_ids"]) == row["usage"]["completion_tokens"] for row in rows)  # type: ignore[arg-type, index]
-    servers = {row["origin"]["server_url"]: row["origin"]["server"] for row in rows}  # type: ignore[index]
+    assert all(len(row["prompt_token_ids"]) == row["usage"]["prompt_tokens"] for row in rows)
+    assert all(len(row["response_token_ids"]) == row["usage"]["completion_tokens"] for row in rows)
+    servers = {row["origin"]["server_url"]: row["origin"]["server"] for row in rows}
     assert len(set(servers.values())) == len(stack.sims) == 2  # one record per server
     for url, identity in servers.items():
         facts = json.loads((tmp_path / "out" / "servers" / f"{identity}.json").read_text())

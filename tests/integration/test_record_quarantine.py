@@ -10,6 +10,7 @@ once: tests/support/instant_worker.py), the uploader's user flushes.
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 import uuid
 from collections.abc import Iterator
@@ -40,12 +41,17 @@ from workers.record.reading import read_committed
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import FlushReport, Uploader
-from workers.state.codec import decode_blob, encode_blob, zstd
+from workers.state.codec import decode_blob, encode_blob
 from workers.state.keys import SERVERS_KEY, RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.record_limits import RECORD_LIMIT_BYTES, batch_body_limit_bytes
 from workers.state.redis_client import redis_now_s
 from workers.state.runs import RunSettings
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 pytestmark = pytest.mark.integration
 

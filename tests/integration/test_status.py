@@ -33,7 +33,7 @@ from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
-from workers.record.manifest import read_manifest
+from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
 from workers.settings import DEFAULT_MAX_IN_FLIGHT
 from workers.state.control import PAUSED_BY_GATE, PAUSED_BY_USER
@@ -110,8 +110,8 @@ def output_url(stack: Stack, run: str) -> str:
 def committed_rows(stack: Stack, run: str) -> list[dict[str, object]]:
     store = open_store(output_url(stack, run))
     rows: list[dict[str, object]] = []
-    for entry in read_manifest(store):
-        rows.extend(pq.read_table(io.BytesIO(store.get(entry.key))).to_pylist())
+    for key in completion_keys(read_manifest(store)):
+        rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
     return rows
 
 
@@ -233,7 +233,7 @@ def test_the_recent_rates_match_the_completions_the_records_show_in_that_window(
         return [row for row in steady_run.rows if since <= row["timings"]["finished_at"] <= until]  # type: ignore[index]
 
     def tokens(rows: list[dict[str, object]]) -> int:
-        return sum(row["usage"]["completion_tokens"] for row in rows)  # type: ignore[index,misc]
+        return sum(row["usage"]["completion_tokens"] for row in rows)  # type: ignore[index]
 
     surely_in = finished(start, end - STAGE_LAG_SLACK_S)
     maybe_in = finished(start - STAGE_LAG_SLACK_S, end)
@@ -264,7 +264,7 @@ def test_each_status_figure_of_a_finished_run_matches_what_the_run_produced(
     assert status.throughput.mean_output_tokens == pytest.approx(tokens / STEADY_PROMPTS)
     # Whole-run rates: the records' finish times span the same time.
     finishes = [row["timings"]["finished_at"] for row in rows]  # type: ignore[index]
-    span = max(finishes) - min(finishes)  # type: ignore[type-var,operator]
+    span = max(finishes) - min(finishes)
     assert span - FIRST_STAGE_LAG_S <= whole.window_s <= span + STAGE_LAG_SLACK_S
     assert whole.completions_per_s == pytest.approx(STEADY_PROMPTS / whole.window_s)
     assert whole.output_tokens_per_s == pytest.approx(tokens / whole.window_s)
@@ -477,7 +477,7 @@ def test_the_retry_policy_gives_prompts_truncated_in_thinking_a_doubled_budget(
         str(RETRY_CAP),
     )
     stack.wait_finished(run)
-    asked: dict[str, list[int]] = {}
+    asked: dict[str, list[int | None]] = {}
     for request in sorted(server_requests(stack, run), key=lambda r: r.received_at):
         asked.setdefault(request.rid.split(":")[1], []).append(request.max_completion_tokens)
     assert asked == expected

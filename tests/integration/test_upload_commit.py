@@ -121,6 +121,7 @@ def test_committed_objects_read_back_in_pandas(
     ledger.stage(completion("b"))
     uploader(redis_client, store).flush(RUN)
     (entry,) = read_manifest(store)
+    assert entry.key is not None
     local = tmp_path / "part.parquet"
     local.write_bytes(store.get(entry.key))
     frame = pd.read_parquet(local)

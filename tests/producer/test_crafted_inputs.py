@@ -20,9 +20,14 @@ import redis
 from inference.exit_codes import EXIT_OK, EXIT_USAGE
 from intake.errors import SourceError
 from intake.input_files import open_rows
-from tests.support.crafted_inputs import BUILDERS, MIB, zstd
+from tests.support.crafted_inputs import BUILDERS, MIB
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 pytestmark = pytest.mark.integration
 

@@ -51,7 +51,7 @@ def export(output_url: str, dest: Path | str, fmt: str, *options: str) -> int:
     )
 
 
-def rows_in(dest: Path) -> list[dict[str, object]]:
+def rows_in(dest: Path) -> list[dict[str, Any]]:
     return [
         json.loads(line)
         for path in sorted((dest / "data").glob("train-*"))
@@ -81,8 +81,8 @@ def test_speculators_rows_carry_the_servers_ids_with_the_response_as_loss(
     prompt_ids, response_ids = source.prompt_token_ids or [], source.response_token_ids or []
     assert row["input_ids"] == prompt_ids + response_ids
     assert row["loss_mask"] == [0] * len(prompt_ids) + [1] * len(response_ids)
-    assert row["metadata"]["run"] == RUN  # type: ignore[index]
-    assert str(row["metadata"]["part"]).startswith("data/part-000000-")  # type: ignore[index]
+    assert row["metadata"]["run"] == RUN
+    assert str(row["metadata"]["part"]).startswith("data/part-000000-")
 
 
 def test_a_thinking_off_run_is_refused_with_advice_and_nothing_is_written(

@@ -178,7 +178,11 @@ def test_a_full_queue_answers_503(start_simulator: Callable[..., SimulatorProces
         held = []
         for expected in ((1, 0), (1, 1)):
             held.append(send_in_background(client, max_tokens=10_000))
-            poll_until(lambda expected=expected: running_and_queued(sim) == expected)
+
+            def taken(expected: tuple[int, int] = expected) -> bool:
+                return running_and_queued(sim) == expected
+
+            poll_until(taken)
         # When a third request arrives
         with pytest.raises(openai.InternalServerError) as caught:
             client.chat.completions.create(model="default", messages=user("third"), max_tokens=5)

@@ -100,7 +100,7 @@ def test_a_dropped_request_loses_its_connection(faulty: SimulatorProcess, stream
             model="default", messages=user("drop"), max_tokens=200, stream=stream
         )
         if stream:
-            list(response)  # type: ignore[arg-type]
+            list(response)
     poll_until(lambda: any(record.status == "dropped" for record in faulty.admin.requests()))
 
 
@@ -186,8 +186,12 @@ def test_a_prompt_fault_hangs_every_matching_stream_after_its_first_chunk_holdin
         assert '"role":"assistant"' in next(lines)
         with pytest.raises(httpx.ReadTimeout):
             list(lines)
+
         # And once its client has gone, the request is logged hung and its slot is free
-        poll_until(lambda attempt=attempt: len(faulty.admin.requests(rid=f"poisoned-{attempt}")) == 1)
+        def logged_hung(attempt: int = attempt) -> bool:
+            return len(faulty.admin.requests(rid=f"poisoned-{attempt}")) == 1
+
+        poll_until(logged_hung)
         assert faulty.admin.requests(rid=f"poisoned-{attempt}")[0].status == "hung"
         assert running_and_queued(faulty) == (0, 0)
     # While a prompt without the substring streams to its end
@@ -217,7 +221,7 @@ def test_a_drop_prompt_fault_cuts_the_connection_of_every_matching_request(fault
                     model="default", messages=user("the poison"), max_tokens=200, stream=stream
                 )
                 if stream:
-                    list(response)  # type: ignore[arg-type]
+                    list(response)
         assert client.chat.completions.create(model="default", messages=user("healthy"), max_tokens=5).choices
     dropped = [record for record in faulty.admin.requests() if record.status == "dropped"]
     assert len(dropped) == 2

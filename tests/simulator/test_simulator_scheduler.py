@@ -145,6 +145,7 @@ def test_a_running_request_moves_the_decode_token_counter_while_generation_token
         # When it decodes, then the per-step counter moves before the request ends
         poll_until(lambda: (probe.metrics().decode_tokens_total or 0.0) > admitted)
         running = probe.metrics()
+        assert warmed_up.prefill_tokens_total is not None
         assert running.prefill_tokens_total == warmed_up.prefill_tokens_total + count_prompt_tokens(
             user("long running")
         )
@@ -163,4 +164,5 @@ def test_a_running_request_moves_the_decode_token_counter_while_generation_token
         finished.requests_total - warmed_up.requests_total,
     ) == (completion_tokens, 1)
     # prefill produced the first token
+    assert finished.decode_tokens_total is not None
     assert finished.decode_tokens_total - (warmed_up.decode_tokens_total or 0.0) == completion_tokens - 1

@@ -28,7 +28,7 @@ class InstantEngine:
     def __init__(self) -> None:
         self.origin = ORIGIN
         self.answered: list[str] = []
-        self.between: Callable[[], None] = lambda: None
+        self.between: Callable[[], object] = lambda: None
 
     def submit_batch(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,7 +43,7 @@ def as_sharegpt(row: dict[str, object]) -> dict[str, object]:
     }
 
 
-def write_jsonl(path: Path, rows: list[object]) -> Path:
+def write_jsonl(path: Path, rows: Sequence[object]) -> Path:
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     return path
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from inference.records import (
     Completion,
     Message,
@@ -12,7 +14,11 @@ from inference.records import (
     Timings,
     Usage,
 )
-from workers.state.codec import zstd
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 
 def prompt(prompt_id: str, text: str | None = None, row: int = 1, file: str = "") -> Prompt:
@@ -39,6 +45,7 @@ def completion(prompt_id: str, *, content: str = "\n\nanswer", size: int = 0) ->
         attempt=1,
         quality=Quality.OK,
     )
+
 
 BOMB_CHUNK_BYTES = 1 << 20
 

@@ -3,9 +3,8 @@ no retries), and the one-message conversation the simulator tests send."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from inference.simulator import SimulatorProcess
 
@@ -19,5 +18,5 @@ def make_client(
     return openai.OpenAI(base_url=sim.base_url, api_key=api_key, max_retries=0, timeout=timeout_s)
 
 
-def user(text: str) -> list[dict[str, Any]]:
+def user(text: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": text}]

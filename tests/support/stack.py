@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
 
 import pyarrow.parquet as pq
 import redis
@@ -74,7 +75,7 @@ class Stack:
         self.uploader = start_celery_worker(name, "upload", self.env(), self.log_dir, concurrency=1)
         return self.uploader
 
-    def start(self) -> Stack:
+    def start(self) -> Self:
         for gpu in range(len(self.sims)):
             self.start_generator(gpu)
         self.start_uploader()
@@ -127,11 +128,11 @@ class Stack:
     def verify(self, run: str) -> subprocess.CompletedProcess[str]:
         return self.producer("verify", "--run", run)
 
-    def committed_rows(self, run: str) -> list[dict[str, object]]:
+    def committed_rows(self, run: str) -> list[dict[str, Any]]:
         """Every row of the run's committed Parquet objects (those its manifest lists)."""
         settings = decode_run_settings(redis.Redis.from_url(self.redis_url).get(RunKeys(run).settings))
         store = open_store(settings.output_url)
-        rows: list[dict[str, object]] = []
+        rows: list[dict[str, Any]] = []
         for key in completion_keys(read_manifest(store)):
             rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
         return rows

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 import redis
-from kombu import Connection, Queue
+from kombu.connection import Connection
 from kombu.transport import redis as kombu_redis
 
+from tests.support import kombu_calls
 from workers.app import make_app
 from workers.settings import WorkerSettings
 from workers.state.broker import BrokerOptions, sending_app
-from workers.state.broker_transport import TRANSPORT_PATH, Transport
+from workers.state.broker_transport import TRANSPORT_PATH, Channel, Transport
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE, KOMBU_PRIORITY_STEPS
@@ -41,17 +42,17 @@ REPEATED_KOMBU_METHODS: dict[Callable[..., Any], str] = {
 def unacked_channel(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[Connection, object]]:
     """A channel holding one generate message it received and did not ack, its connection then closed."""
     # kombu's own channel reads only its default priority steps unless told draftgen's
-    connection = Connection(
+    connection = kombu_calls.connect(
         redis_url, transport=request.param, transport_options={"priority_steps": list(KOMBU_PRIORITY_STEPS)}
     )
     app = sending_app(BrokerOptions(redis_url, visibility_timeout_s=7200, unacked_restore_interval_s=10))
     CeleryDispatcher(app).generate(RUN, BATCH)
-    channel = connection.channel()
-    message = Queue(GENERATE_QUEUE, channel=channel).get(no_ack=False)
+    channel = kombu_calls.open_channel(connection)
+    message = kombu_calls.get(kombu_calls.queue(GENERATE_QUEUE, channel=channel), no_ack=False)
     assert message is not None and message.payload[0] == [RUN, BATCH]
     connection.transport.client = None  # what kombu's Connection._do_close_transport does first
     yield connection, channel
-    connection.release()
+    kombu_calls.release(connection)
 
 
 @pytest.mark.parametrize("unacked_channel", [STOCK_TRANSPORT_PATH], indirect=True)
@@ -75,12 +76,13 @@ def test_our_channel_gives_the_unacked_message_back_to_its_queue(
 
 
 def test_a_channel_that_never_connected_fails_with_an_error_celery_reconnects_from(redis_url: str) -> None:
-    connection = Connection(redis_url, transport=TRANSPORT_PATH)
-    channel = connection.channel()
+    connection = kombu_calls.connect(redis_url, transport=TRANSPORT_PATH)
+    channel = kombu_calls.open_channel(connection)
+    assert isinstance(channel, Channel)
     connection.transport.client = None
     with pytest.raises(connection.connection_errors):
         channel._connparams()
-    connection.release()
+    kombu_calls.release(connection)
 
 
 def test_the_celery_app_uses_our_transport_for_every_redis_url_and_keeps_the_scheme() -> None:

@@ -67,7 +67,7 @@ def test_a_worker_deaf_past_the_limit_leaves_a_note_for_status_and_exits_to_be_r
 ) -> None:
     # Given batches waiting in the generate queue and a worker that holds none of them
     redis_client.rpush(GENERATE_QUEUE, b"batch-1", b"batch-2")
-    clock, held, exits = Clock(), [0], []
+    clock, held, exits = Clock(), [0], list[int]()
     watch = watch_over(redis_client, clock, held, exits)
 
     # When it takes nothing for just under the limit, it only warns
@@ -88,7 +88,7 @@ def test_a_worker_deaf_past_the_limit_leaves_a_note_for_status_and_exits_to_be_r
 
 def test_a_worker_that_takes_a_batch_before_the_limit_keeps_running(redis_client: redis.Redis) -> None:
     redis_client.rpush(GENERATE_QUEUE, b"batch-1")
-    clock, held, exits = Clock(), [0], []
+    clock, held, exits = Clock(), [0], list[int]()
     watch = watch_over(redis_client, clock, held, exits)
     watch.check()
     clock.now += LIMIT_S - 1

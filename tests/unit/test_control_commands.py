@@ -28,7 +28,7 @@ def limited() -> Iterator[list[str]]:
     finally:
         Panel.data.clear()
         Panel.data.update(handlers)
-        Mingle.on_revoked_received = on_revoked  # type: ignore[method-assign]
+        Mingle.on_revoked_received = on_revoked
         worker_state.revoked.clear()
 
 

@@ -24,6 +24,7 @@ from producer.export.formats import (
     LossSource,
     RowSource,
     ThinkingStyle,
+    TokenCounter,
     loss_tokens,
     raw_think_markers,
     render,
@@ -277,19 +278,29 @@ def test_without_ids_loss_tokens_count_the_generated_text_with_the_tokenizer() -
     assert (count.count, count.source) == (len(seen[0].split()), LossSource.TOKENIZER)
 
 
+def noting(seen: list[str]) -> TokenCounter:
+    """A tokenizer that notes each text it is given and counts it as no tokens."""
+
+    def count(text: str) -> int:
+        seen.append(text)
+        return 0
+
+    return count
+
+
 def test_a_budget_hit_counts_no_closing_tokens_the_server_never_sampled() -> None:
     seen: list[str] = []
     cut = completion(
         with_ids=False, content="", finish_reason="length", quality=Quality.TRUNCATED_IN_THINKING
     )
-    loss_tokens(cut, tokenizer=lambda text: seen.append(text) or 0)
+    loss_tokens(cut, tokenizer=noting(seen))
     assert seen == ["Let me think."]
 
 
 def test_with_thinking_off_the_loss_text_is_the_answer_and_its_end_of_turn() -> None:
     seen: list[str] = []
     off = completion(with_ids=False, reasoning=None, content="OK.", enable_thinking=False)
-    loss_tokens(off, tokenizer=lambda text: seen.append(text) or 0)
+    loss_tokens(off, tokenizer=noting(seen))
     assert seen == ["OK.<|im_end|>"]
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from celery.exceptions import Retry
 from celery.worker.request import Request
-from kombu import Queue
 
+from tests.support import kombu_calls
 from tests.support.malformed_messages import (
     IN_MEMORY,
     NO_CHAIN,
@@ -68,7 +68,9 @@ def generating() -> Iterator[Any]:
     CeleryDispatcher(app).generate(RUN, BATCH)
     task = app.tasks[GENERATE_TASK]
     with app.connection_for_write() as connection:
-        delivered = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=True)
+        delivered = kombu_calls.get(
+            kombu_calls.queue(GENERATE_QUEUE, channel=connection.default_channel), no_ack=True
+        )
     task.push_request(**Request(delivered, app=app)._request_dict, called_directly=False)
     yield app
     task.pop_request()
@@ -253,7 +255,7 @@ def test_json_nested_too_deep_to_decode_is_not_json_rather_than_a_crash() -> Non
 
 
 def test_a_broadcast_or_an_event_is_judged_as_a_message_not_as_a_task(item: bytes) -> None:
-    question = {"method": "ping", "arguments": {}, "destination": None, "ticket": TASK_ID}
+    question: dict[str, object] = {"method": "ping", "arguments": {}, "destination": None, "ticket": TASK_ID}
     heard = replaced(with_body(item, question), headers={"clock": 1, "expires": 1.0})
     assert why_malformed(heard, BROADCAST) is None
     assert why_malformed(heard, EVENTS) is None

@@ -13,8 +13,10 @@ import pytest
 import redis
 from celery.exceptions import Retry
 from celery.worker.request import Request
-from kombu import Connection, Consumer, Message, Queue
+from kombu.connection import Connection
+from kombu.message import Message
 
+from tests.support import kombu_calls
 from workers.app import make_app
 from workers.errors import MalformedMessage
 from workers.settings import WorkerSettings
@@ -45,7 +47,7 @@ LONG_AGO_S = 10**6  # an unacked message delivered this long ago is past any vis
 
 @pytest.fixture
 def connection(redis_url: str) -> Iterator[Connection]:
-    with Connection(redis_url, transport=TRANSPORT_PATH) as connected:
+    with kombu_calls.connect(redis_url, transport=TRANSPORT_PATH) as connected:
         yield connected
 
 
@@ -57,7 +59,9 @@ def send_generate(redis_url: str) -> None:
 def taken_unacknowledged(connection: Connection, redis_url: str) -> Message:
     """A generate message as enqueue sends it, taken by a consumer that has not acknowledged it yet."""
     send_generate(redis_url)
-    delivered = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=False)
+    delivered = kombu_calls.get(
+        kombu_calls.queue(GENERATE_QUEUE, channel=connection.default_channel), no_ack=False
+    )
     assert delivered is not None
     return delivered
 
@@ -70,12 +74,14 @@ def test_a_malformed_item_is_parked_and_the_next_good_one_is_delivered_at_once(
     connection: Connection, redis_client: redis.Redis, redis_url: str
 ) -> None:
     received: list[Message] = []
-    queue = Queue(GENERATE_QUEUE)
-    with Consumer(connection, [queue], callbacks=[lambda _body, message: received.append(message)]):
+    queue = kombu_calls.queue(GENERATE_QUEUE)
+    with kombu_calls.consumer(
+        connection, [queue], callbacks=[lambda _body, message: received.append(message)]
+    ):
         redis_client.lpush(GENERATE_QUEUE, b"x")  # popped first: BRPOP takes the oldest
         send_generate(redis_url)
         while not received:
-            connection.drain_events(timeout=DRAIN_TIMEOUT_S)
+            kombu_calls.drain_events(connection, timeout=DRAIN_TIMEOUT_S)
     assert received[0].headers["task"] == GENERATE_TASK
     [parked] = recent_parked(redis_client, limit=10)
     assert (parked.reason, parked.queue, parked.size, parked.preview) == ("not_json", GENERATE_QUEUE, 1, "x")
@@ -86,7 +92,7 @@ def test_a_malformed_item_taken_by_a_direct_get_is_parked_too(
     connection: Connection, redis_client: redis.Redis
 ) -> None:
     redis_client.lpush(GENERATE_QUEUE, b"[]")
-    assert Queue(GENERATE_QUEUE, channel=connection.default_channel).get() is None
+    assert kombu_calls.get(kombu_calls.queue(GENERATE_QUEUE, channel=connection.default_channel)) is None
     assert [record.reason for record in recent_parked(redis_client, limit=10)] == ["not_an_object"]
 
 
@@ -151,7 +157,7 @@ class RefusingClient:
 
 def test_a_process_that_may_not_park_logs_the_message_and_drops_it(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        parked = park_or_drop(RefusingClient(), a_record())  # type: ignore[arg-type]
+        parked = park_or_drop(RefusingClient(), a_record())
     assert not parked
     assert "dropped a malformed message from generate (not_json: because; 1 bytes)" in caplog.text
 
@@ -166,12 +172,14 @@ def test_a_message_kombu_restored_and_its_task_then_retried_are_well_formed(
     connection: Connection, redis_client: redis.Redis, redis_url: str
 ) -> None:
     delivered = taken_unacknowledged(connection, redis_url)
-    delivered.requeue()  # given back to its queue as a worker's restore does: marked redelivered
+    kombu_calls.requeue(delivered)  # given back to its queue as a worker's restore does: marked redelivered
     [restored] = waiting_envelopes(redis_client, GENERATE_QUEUE)
     assert json.loads(restored)["headers"]["redelivered"] is True
     assert why_malformed(restored, GENERATE_QUEUE) is None
     app = make_app(WorkerSettings(redis_url=redis_url))
-    again = Queue(GENERATE_QUEUE, channel=connection.default_channel).get(no_ack=True)
+    again = kombu_calls.get(
+        kombu_calls.queue(GENERATE_QUEUE, channel=connection.default_channel), no_ack=True
+    )
     task = app.tasks[GENERATE_TASK]
     task.push_request(**Request(again, app=app)._request_dict, called_directly=False)
     try:

@@ -66,7 +66,7 @@ def test_suspicions_alone_make_a_suspect_and_never_a_poison() -> None:
 
 
 def test_three_convictions_dead_letter_a_prompt_and_two_do_not() -> None:
-    two = [suspicion(), suspicion(), trial(), trial(TrialEnd.WENT_DOWN)]
+    two: list[Evidence] = [suspicion(), suspicion(), trial(), trial(TrialEnd.WENT_DOWN)]
     assert POLICY.judge(two) is Verdict.TRIAL
     assert POLICY.judge([*two, trial(TrialEnd.DROPPED)]) is Verdict.DEAD
 
@@ -111,8 +111,9 @@ def test_a_wedge_timed_up_to_a_poll_late_still_convicts_after_the_control_its_su
 
 
 def test_a_trial_the_suspect_completes_acquits_it_of_everything_before() -> None:
-    record: list[Evidence] = [suspicion(), suspicion(), trial(), trial(), trial(TrialEnd.COMPLETED)]
-    assert POLICY.outcome(record[-1]) is Outcome.ACQUITTED
+    completed = trial(TrialEnd.COMPLETED)
+    record: list[Evidence] = [suspicion(), suspicion(), trial(), trial(), completed]
+    assert POLICY.outcome(completed) is Outcome.ACQUITTED
     assert POLICY.judge(record) is Verdict.AS_USUAL
     assert POLICY.judge([*record, trial(), trial()]) is Verdict.TRIAL  # three new ones are needed
     assert POLICY.judge([*record, trial(), trial(), trial()]) is Verdict.DEAD
@@ -159,7 +160,7 @@ def test_a_poison_prompt_s_letter_describes_each_trial() -> None:
 
 
 def test_a_record_read_back_from_redis_is_bounded_and_its_bad_lines_are_no_evidence() -> None:
-    good = [suspicion(), trial()]
+    good: list[Evidence] = [suspicion(), trial()]
     raw = b"".join(encode_evidence(event) + b"\n" for event in good)
     assert decode_evidence(raw) == good
     noisy = (

@@ -224,7 +224,10 @@ def test_a_suspect_that_wedges_the_server_alone_three_times_is_dead_lettered_eac
     job = engine.submit_batch("r", [prompt("w")], SamplingSettings(), recorder)
     for tried in range(1, ATTEMPTS + 1):
         # When the liveness watch finds the server hung with it alone, restarts the server and resumes
-        wait_until(lambda tried=tried: server.started.count("w") == tried, timeout_s=WAIT_S, what="it alone")
+        def started_alone(tried: int = tried) -> bool:
+            return server.started.count("w") == tried
+
+        wait_until(started_alone, timeout_s=WAIT_S, what="it alone")
         engine.suspend("server hung", Outage(Liveness.HUNG.value, stalled_since=time.monotonic()))
         engine.resume()  # the server restarted and generates again
     # Then each trial convicts: the server stopped making progress with it alone, and answered a canary

@@ -16,15 +16,15 @@ PROCESSES = parse_procfile((PROJECT_ROOT / "Procfile").read_text()).processes
 
 def test_every_gpu_has_a_server_and_a_generate_worker_pointed_at_it() -> None:
     servers = {
-        int(re.search(r"--gpu (\d+)", cmd).group(1))
+        int(re.search(r"--gpu (\d+)", cmd).group(1))  # type: ignore[union-attr]  # None fails the test
         for name, cmd in PROCESSES.items()
         if name.startswith("sglang")
-    }  # type: ignore[union-attr]
+    }
     workers = {
-        int(re.search(r"DRAFTGEN_GPU=(\d+)", cmd).group(1))
+        int(re.search(r"DRAFTGEN_GPU=(\d+)", cmd).group(1))  # type: ignore[union-attr]  # None fails the test
         for name, cmd in PROCESSES.items()
         if name.startswith("gen")
-    }  # type: ignore[union-attr]
+    }
     assert servers == workers == set(range(7))
     assert all("-Q generate" in cmd for name, cmd in PROCESSES.items() if name.startswith("gen"))
 

@@ -3,6 +3,7 @@ against its field and the run before it is trusted."""
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 
 import msgspec
@@ -13,12 +14,17 @@ from producer.status.quarantine_figures import QuarantineFigures, quarantine_war
 from tests.support.records import completion
 from workers.errors import RecordUnreadable
 from workers.record.record_checks import RunView, judge_dead_letter, judge_staged
-from workers.state.codec import OVER_LIMIT, UNREADABLE, decode_blob, decode_json, encode_blob, inflate, zstd
+from workers.state.codec import OVER_LIMIT, UNREADABLE, decode_blob, decode_json, encode_blob, inflate
 from workers.state.record_limits import (
     RECORD_LIMIT_BYTES,
     REQUEST_RECORD_BYTES,
     SMALL_RECORD_LIMIT_BYTES,
 )
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 LIMIT_BYTES = 1 << 20  # a small ceiling: the tests inflate at most a few of it
 MIB = 1 << 20

@@ -247,7 +247,7 @@ class DeadHash:
 
 def test_dead_letters_are_counted_by_reason_from_the_runs_dead_hash() -> None:
     client = DeadHash(RUN, {"p1": "rejected_by_server", "p2": "max_attempts", "p3": "rejected_by_server"})
-    assert dead_letters_by_reason(client, RUN) == {"rejected_by_server": 2, "max_attempts": 1}  # type: ignore[arg-type]
+    assert dead_letters_by_reason(client, RUN) == {"rejected_by_server": 2, "max_attempts": 1}
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -50,7 +50,8 @@ from producer.status.model import (
     Throughput,
     UploadBacklog,
 )
-from producer.status_cli import PRICE_ENV, resolve_price
+from producer.status_cli import resolve_price
+from producer.status_parsers import PRICE_ENV
 from producer.status_view import duration, render_status, size
 from workers.state.heartbeats import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
 from workers.state.stats_fields import parse_counters
