@@ -27,6 +27,7 @@ from pathlib import Path
 
 from tests.explorer.fleet import (
     RUN,
+    SEAT_CHECK,
     SLEEP,
     EnqueuePart,
     EnqueueProcess,
@@ -216,8 +217,8 @@ class Explorer:
             step(START, "settles a tail", "tail", worker.settle_tail)
         if not self._running(worker.process, "renew"):
             step(START / 2, "renews", "renew", worker.renew)
-        if not self._running(worker.process, "seat check"):
-            step(START / 6, "checks its seat", "seat check", worker.check_seat)
+        if not self._running(worker.process, SEAT_CHECK):
+            step(START / 6, "checks its seat", SEAT_CHECK, worker.check_seat)
         if not any(self._running(w.process, "reconcile") for w in self.fleet.workers):  # one at a time
             step(START / 12, "reconciles", "reconcile", worker.reconcile)
         return options

@@ -158,6 +158,7 @@ class NodeRedis(GatedRedis):
 
 
 SLEEP = "sleep"
+SEAT_CHECK = "seat check"  # a step that is one turn of a worker's seat keeper
 
 
 @dataclass(frozen=True)
@@ -490,6 +491,7 @@ class Worker:
             self.client, worker=name, seat=self.seat.token, clock=fleet.clock, fleet=fleet
         )
         self.seated = False
+        self.keeper_started = False  # its seat taken and stamped: its keeper thread turns
         self.tails: list[Tail] = []
         self.settling: dict[Lease, Step | None] = {}  # tails being settled: their lease -> the step
         self.held: list[Delivery] = []  # delivered, waiting for their countdown (Celery keeps them)
@@ -504,6 +506,7 @@ class Worker:
         except SeatHeld:
             self.process.dead = True  # it exits; its subscription went with the refusal
             return
+        self.keeper_started = True
         self.fleet.seat_taken(self.process.name, taken)
         with contextlib.suppress(FunctionsMissing):  # its predecessor's leases run out as any do
             self.reconciler().take_back_seat(taken, self.process.name)
@@ -920,7 +923,12 @@ class Fleet:
     # ------------------------------------------------------------------ processes
 
     def live(self) -> Iterable[Worker | UploaderProcess | EnqueueProcess]:
-        for process in [*self.workers, self.uploader, *self.enqueues]:
+        processes: list[Worker | UploaderProcess | EnqueueProcess] = [
+            *self.workers,
+            self.uploader,
+            *self.enqueues,
+        ]
+        for process in processes:
             if not process.process.dead:
                 yield process
 
@@ -1004,12 +1012,27 @@ class Fleet:
     def pass_time(self, seconds: float) -> None:
         """Every lease, grace period, upload age, lock lease and seat stamp ages by `seconds`; the seat
         keeper of every live worker that holds its seat runs meanwhile (its thread turns twice a second)."""
+        for worker in self.workers:
+            if worker.seat.taken and not worker.process.dead:
+                self._land_seat_stamp(worker)
         self.clock.now_s += seconds
         self.time_passed_s += seconds
         self._age_redis(seconds)
         for worker in self.workers:
             if worker.seat.taken and not worker.process.dead:
                 worker.check_seat()
+
+    def _land_seat_stamp(self, worker: Worker) -> None:
+        """Let the seat stamp `worker` has in flight land before time passes, as it does in reality: its
+        keeper is one thread, whose check (or take()'s first stamp, before it starts the keeper) ends in
+        milliseconds, before its next. Left parked, it would land after the check `pass_time` runs and
+        undo that stamp: one read on a server a rollback replaced makes a live keeper look silent, and a
+        newcomer's watch takes its seat."""
+        for step in self.scheduler.parked():
+            if step.process is not worker.process:
+                continue
+            while not step.ended and (step.what == SEAT_CHECK or not worker.keeper_started):
+                self.scheduler.grant(step)
 
     def _age_redis(self, seconds: float) -> None:
         keys = RunKeys(RUN)

@@ -161,15 +161,16 @@ class Scheduler:
         return ended
 
 
-class GatedPipeline(Pipeline):
+class GatedPipeline(Pipeline):  # type: ignore[misc]  # redis-py is not followed
     scheduler: Scheduler
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         self.scheduler.gate(f"pipeline of {len(self.command_stack)}")
-        return super().execute(raise_on_error)
+        replies: list[Any] = super().execute(raise_on_error)
+        return replies
 
 
-class GatedRedis(redis.Redis):
+class GatedRedis(redis.Redis):  # type: ignore[misc]  # redis-py is not followed
     """A Redis client whose every command and pipeline waits for the scheduler's turn."""
 
     def __init__(self, url: str, scheduler: Scheduler) -> None:

@@ -33,7 +33,8 @@ SCHEDULES_IN_CI = 80  # the same every time: a net under what was found
 COMMIT_SCHEDULES_IN_CI = 24  # new ones with each commit, from a seed its hash gives: replayable
 # Schedules a commit's seeds found a hole with, run every time: reverting the hole's fix fails here.
 # 243126475: an enqueue re-run batched again a prompt whose finished batch the uploader re-opened meanwhile.
-FOUND_SEEDS = (243126475,)
+# 51943811 (the model's hole): a seat check parked across time passing stamped after pass_time's, stale.
+FOUND_SEEDS = (243126475, 51943811)
 # Room for a machine six times slower than idle: a busy CI runner, or `--explore N` under load.
 TIMEOUT_PER_SCHEDULE_S = 15
 CI_FIRST_SEED = 0
