@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,13 @@ import redis
 from moto.server import ThreadedMotoServer
 
 from devstack.local_stack import RedisProcess, free_port, start_redis
+
+# A test run started in the background without job control (nohup, `scripts/test &` in a script) has
+# SIGINT ignored, and so would every process a test starts, since an ignored signal stays ignored across
+# exec: the tests of Ctrl-C would send it to children that never see it. A handler of our own is reset
+# to the default in each child, as a terminal's foreground job has it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TEST_BUCKET = "draftgen-test"
 FAKE_AWS_ENV = {
