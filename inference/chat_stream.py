@@ -26,7 +26,7 @@ from inference.errors import (
     InferenceUnavailable,
     status_error,
 )
-from inference.records import Usage
+from inference.records import TokenId, Usage
 from inference.sampling_options import MAX_TOKENS_LIMIT
 
 ProgressCallback = Callable[[], None]
@@ -101,7 +101,7 @@ class _SpecDetails(msgspec.Struct):
 
 
 _chunk_decoder = msgspec.json.Decoder(Chunk)
-_ids_decoder = msgspec.json.Decoder(list[int])
+_ids_decoder = msgspec.json.Decoder(list[TokenId])  # an id out of a vocabulary's range: none
 _id_lists_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 _spec_details_decoder = msgspec.json.Decoder(_SpecDetails | list[_SpecDetails] | None)
 

@@ -76,7 +76,8 @@ def test_stream_entries_become_events_and_odd_fields_do_not_break_them() -> None
 
 def test_counters_keep_the_integer_fields_only_and_one_past_64_bits_is_none() -> None:
     huge = b"9" * 5_000  # int() refuses past 4,300 digits: one written into Redis must not stop status
-    assert parse_counters({b"completions": b"7", b"x": b"abc", b"neg": b"-2", b"turns": huge}) == {
+    odd = {b"x": b"abc", b"turns": huge, b"dashes": b"--5", b"empty": b""}
+    assert parse_counters({b"completions": b"7", b"neg": b"-2", **odd}) == {
         "completions": 7,
         "neg": -2,
     }

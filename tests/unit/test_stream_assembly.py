@@ -35,3 +35,13 @@ def test_extras_of_an_unexpected_shape_leave_the_result_without_them() -> None:
     result = assembly.result(started_at=0.0, finished_at=0.0)
     assert (result.content, result.prompt_token_ids, result.response_token_ids) == ("a", None, None)
     assert result.spec_accept_length is None and result.usage.reasoning_tokens == 0
+
+
+@pytest.mark.parametrize("ids", ["[1,-2]", "[1,2147483648]"])
+def test_token_ids_no_vocabulary_holds_leave_the_result_without_them(ids: str) -> None:
+    assembly = StreamAssembly()
+    assembly.add_event(b'{"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}')
+    assembly.add_event(b'{"choices":[],"sglext":{"input_ids":%s,"output_ids":[[3]]}}' % ids.encode())
+    assembly.add_event(b'{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1}}')
+    result = assembly.result(started_at=0.0, finished_at=0.0)
+    assert (result.prompt_token_ids, result.response_token_ids) == (None, [3])

@@ -8,8 +8,6 @@ Arrow field is; a str enum is a string; an int is int64 unless its declared boun
 
 from __future__ import annotations
 
-import enum
-
 import msgspec
 import msgspec.inspect as mi
 import pyarrow as pa
@@ -60,6 +58,6 @@ def _fits_int32(info: mi.IntType) -> bool:
 
 
 def _describe(info: mi.Type) -> str:
-    if isinstance(info, mi.EnumType) and issubclass(info.cls, enum.Enum):
+    if isinstance(info, mi.EnumType):
         return f"the enum {info.cls.__name__} (only str enums are columns)"
     return type(info).__name__

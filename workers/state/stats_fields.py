@@ -9,6 +9,7 @@ over dead letters: `dead:<reason>`; `first_completion_at` (Redis clock, seconds)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 COMPLETIONS = "completions"
@@ -21,17 +22,15 @@ TOKEN_IDS_MISSING = "token_ids_missing"  # completions whose server returned no 
 QUALITY_PREFIX = "quality:"
 FINISH_PREFIX = "finish:"
 DEAD_PREFIX = "dead:"
-# A counter longer than this is no counter of ours (a signed 64-bit integer has at most 19 digits): it
-# is read as absent, and a huge one never reaches int(), which refuses past 4,300 digits.
-MAX_COUNTER_DIGITS = 19
+# A counter is what HINCRBY writes: a signed 64-bit integer, at most 19 digits. Anything else is read as
+# absent: "--5" or a huge number would make int() raise (it refuses past 4,300 digits).
+COUNTER = re.compile(rb"-?[0-9]{1,19}")
 
 
 def parse_counters(raw: Mapping[bytes, bytes]) -> dict[str, int]:
     """The integer fields of a stats hash (first_completion_at included); any other field is left out."""
     return {
-        key.decode(errors="replace"): int(value)
-        for key, value in raw.items()
-        if value.lstrip(b"-").isdigit() and len(value.lstrip(b"-")) <= MAX_COUNTER_DIGITS
+        key.decode(errors="replace"): int(value) for key, value in raw.items() if COUNTER.fullmatch(value)
     }
 
 
