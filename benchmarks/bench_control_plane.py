@@ -27,9 +27,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.records import Message, Prompt, SamplingSettings
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run, memory_by_prefix
-from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.state.keys import ID_BUCKETS, RunKeys
 from workers.state.ledger import RunLedger

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.draftgen_fleet import draftgen_fleet, run_to_end
+from core.records import Message, Prompt, SamplingSettings
 from devstack.local_stack import free_port, start_redis
-from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
+from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from producer.export.exporter import ExportSettings, run_export, scan_output
 from producer.export.formats import ExportFormat
 from producer.export.selection import DEFAULT_MAX_LENGTH_TOKENS, Selection

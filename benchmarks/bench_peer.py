@@ -65,8 +65,8 @@ from benchmarks.server_figures import (
     span_of,
     turn_gaps,
 )
+from core.records import Prompt
 from devstack.local_stack import free_port, start_redis
-from inference.records import Prompt
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, REASONING
 

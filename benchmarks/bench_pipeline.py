@@ -39,10 +39,10 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.records import Message, Prompt, SamplingSettings
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run
 from inference.client import build_request
-from inference.records import Message, Prompt, SamplingSettings
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT

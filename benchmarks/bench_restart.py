@@ -39,9 +39,9 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_pipeline import SAMPLING, WINDOW, bench_prompts
+from core.records import Prompt
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run
-from inference.records import Prompt
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
 from producer.verify import verify_run

@@ -55,7 +55,7 @@ POLL_S = 0.1
 HOLDER = """
 import sys, time
 from producer.enqueue import Enqueuer, pin_settings
-from inference.records import Message, Prompt, SamplingSettings
+from core.records import Message, Prompt, SamplingSettings
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.seat import Seat
 from workers.state.redis_client import connect

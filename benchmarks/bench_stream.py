@@ -28,10 +28,10 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.records import Message, SamplingSettings
 from inference.chat_stream import MAX_EVENT_BYTES, StreamAssembly
 from inference.client import DONE, SGLangClient, build_request, request_body
 from inference.client_settings import ClientSettings
-from inference.records import Message, SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from inference.sse import EventReader
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_pipeline import bench_conversations, measure, pipeline_run
 from benchmarks.bench_restart import one_reasoning_gpu, one_run
 from benchmarks.server_figures import describe_gaps, finished, percentile, turn_gaps
-from inference.records import Prompt
+from core.records import Prompt
 from inference.simulator import RequestRecord, SimulatorProcess
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
 from workers.state.runs import DEFAULT_BATCH_SIZE

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import redis
 
+from core.records import Prompt, SamplingSettings
 from devstack.local_stack import ManagedProcess, start_celery_worker, wait_until, worker_env
 from devstack.runs import enqueue_run
-from inference.records import Prompt, SamplingSettings
 from inference.simulator import SimulatorProcess
 from workers.state.ledger import RunLedger
 from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings

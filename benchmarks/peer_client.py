@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import openai
 
-from inference.records import Message, Prompt, SamplingSettings
+from core.records import Message, Prompt, SamplingSettings
 
 PEER_API_KEY = "None"  # what the peer sends; the simulator asks for none
 

@@ -20,6 +20,8 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
+from core.private_files import write_private
 from devstack.local_stack import (
     PROJECT_ROOT,
     ManagedProcess,
@@ -30,8 +32,6 @@ from devstack.local_stack import (
     start_redis,
     worker_env,
 )
-from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_SIGNAL_BASE
-from inference.private_files import write_private
 from inference.sglang_defaults import SGLANG_BASE_PORT
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.settings import redacted_url

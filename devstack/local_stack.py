@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference.private_files import PRIVATE_FILE_MODE, write_private
+from core.private_files import PRIVATE_FILE_MODE, write_private
 from inference.simulator.process import free_port as free_port  # one free-port finder for all
 from inference.simulator.process import pinned_to_cpu
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import redis
 
-from inference.records import Prompt
+from core.records import Prompt
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings

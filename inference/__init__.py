@@ -1,5 +1,5 @@
-"""Everything that talks to (or stands in for) an SGLang server.
+"""Everything that talks to (or stands in for) an SGLang server: the client, its stream, the simulator,
+and the GPU node's tools (node/).
 
-The lowest layer: no Celery and no Redis imports here. `records` holds the msgspec records
-that every other package imports.
+No Celery and no Redis imports here; the records it sends and reads are core's.
 """

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from core.records import TokenId, Usage
 from inference.errors import (
     HTTP_INTERNAL_SERVER_ERROR,
     FailureCause,
@@ -26,7 +27,6 @@ from inference.errors import (
     InferenceUnavailable,
     status_error,
 )
-from inference.records import TokenId, Usage
 from inference.sampling_options import MAX_TOKENS_LIMIT
 
 ProgressCallback = Callable[[], None]

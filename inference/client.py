@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from core.records import Message, SamplingSettings
 from inference.chat_stream import MAX_EVENT_BYTES, ChatResult, ProgressCallback, StreamAssembly
 from inference.client_settings import PLACEHOLDER_API_KEY, ClientSettings
 from inference.errors import (
@@ -28,7 +29,6 @@ from inference.errors import (
     status_error,
     transport_cause,
 )
-from inference.records import Message, SamplingSettings
 from inference.sse import EventReader
 
 CHAT_PATH = "/v1/chat/completions"

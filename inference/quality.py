@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.records import Quality
+from core.records import Quality
 
 FINISH_LENGTH = "length"
 

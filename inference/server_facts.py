@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from inference.records import Record
+from core.records import Record
 
 FACTS_ID_HEX_CHARS = 16
 

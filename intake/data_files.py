@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from inference.s3 import S3_SCHEME
-from inference.safe_paths import stays_inside
+from core.s3 import S3_SCHEME
+from core.safe_paths import stays_inside
 from intake.errors import SourceError
 from intake.input_stores import InputFiles, LocalInputFiles, S3InputFiles
 

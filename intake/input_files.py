@@ -1,7 +1,7 @@
 """Open a DATA argument and stream its rows, one decoded row at a time, with flat memory.
 
 DATA names its files as intake/data_files.py says (JSONL, Parquet, folders of them, a `datasets` folder,
-any of them on S3). An S3 client comes from `s3_client_factory`, by default `inference.s3.s3_client()`, so
+any of them on S3). An S3 client comes from `s3_client_factory`, by default `core.s3.s3_client()`, so
 the standard AWS chain applies (credentials, region, AWS_ENDPOINT_URL). An object is streamed, never
 downloaded whole; a dropped connection resumes at the same byte, pinned to the object's ETag. Every read is
 bounded (intake/limits.py): a JSONL line by the row limit, a Parquet or Arrow batch by a byte budget.
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from botocore.exceptions import BotoCoreError
 
-from inference.s3 import S3_SCHEME
+from core.s3 import S3_SCHEME
 from intake.data_files import DataFile, FileKind, data_files
 from intake.errors import SourceError
 from intake.input_stores import (

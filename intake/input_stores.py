@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from inference.backoff import backoff_delay_s
-from inference.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, S3Url, parse_s3_url, s3_client
+from core.backoff import backoff_delay_s
+from core.s3 import S3_MAX_ATTEMPTS, S3_SCHEME, S3Url, parse_s3_url, s3_client
 from intake.errors import SourceError, SourceUnavailable
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 READ_BUFFER_BYTES = 1024 * 1024
-# botocore retries every request (inference.s3), not a response body cut off while it streams: a body
+# botocore retries every request (core.s3), not a response body cut off while it streams: a body
 # read that fails resumes with a Range request from the byte it reached, as many times as botocore tries.
 BODY_RESUME_BASE_DELAY_S = 0.5
 

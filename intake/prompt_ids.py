@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from inference.records import Message
+from core.records import Message
 
 ID_FIELDS = ("id", "custom_id", "uuid")
 HASHED_ID_PREFIX = "h-"

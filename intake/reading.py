@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-from inference.records import Prompt, Turns
+from core.records import Prompt, Turns
 from intake.input_files import ColumnSelection, SourceRow, UnreadableRow, open_rows
 from intake.input_stores import S3ClientFactory, default_s3_client
 from intake.limits import DEFAULT_READ_LIMITS, ReadLimits

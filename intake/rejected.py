@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.records import Record, row_place
+from core.records import Record, row_place
 
 
 class RejectedRow(Record, frozen=True, kw_only=True):

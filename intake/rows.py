@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from inference.records import Message, Prompt, Turns
+from core.records import Message, Prompt, Turns
 from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
 from intake.prompt_ids import InvalidId, explicit_id, hashed_id
 from intake.rejected import RejectedRow

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from inference.sampling_options import MAX_TOKENS_LIMIT, sampling_flag, sampling_problem
 from intake.errors import SettingsFileError
 

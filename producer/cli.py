@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
-from inference.records import Turns
+from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from core.records import Turns
 from inference.sampling_options import add_sampling_options
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error, lower_errors

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from inference.exit_codes import EXIT_FAILED, EXIT_OK
+from core.exit_codes import EXIT_FAILED, EXIT_OK
 from producer.gc import collect_orphans
 from producer.progress_lines import ProgressLines
 from producer.recover import read_run_settings, recover_run

@@ -38,7 +38,7 @@ from itertools import islice
 import msgspec
 import redis
 
-from inference.records import Prompt, PromptBatch
+from core.records import Prompt, PromptBatch
 from intake.rejected import RejectedRow
 from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError

@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from inference.exit_codes import EXIT_INTERRUPTED, EXIT_OK
-from inference.records import Prompt
+from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from core.records import Prompt
 from inference.sampling_options import SAMPLING_OPTION_NAMES
 from intake.data_files import check_data
 from intake.limits import ReadLimits, row_limit_bytes

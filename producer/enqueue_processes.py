@@ -32,7 +32,7 @@ from typing import IO
 
 import msgspec
 
-from inference.records import Prompt
+from core.records import Prompt
 from intake.rejected import RejectedRow
 from producer.enqueue import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
 from producer.errors import ProducerError, Unavailable

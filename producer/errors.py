@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
-from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
+from core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from intake import errors as intake_errors
 from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
 

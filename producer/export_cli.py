@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from inference.records import Quality
+from core.records import Quality
 from producer.deferred import Deferred
 from producer.errors import SettingsError
 from producer.export.formats import ExportFormat, ThinkingStyle

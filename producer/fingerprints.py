@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.records import Prompt, row_place
+from core.records import Prompt, row_place
 from intake.prompt_ids import HASHED_ID_PREFIX, hashed_id
 
 FINGERPRINT_HEX_CHARS = 16  # 64 bits of the content's sha256: tells two versions of a row apart

@@ -23,7 +23,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from inference.exit_codes import EXIT_OK
+from core.exit_codes import EXIT_OK
 from producer.errors import RunNotFound, RunStateBroken, SettingsError
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status, queue_depths

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from inference.exit_codes import EXIT_OK
+from core.exit_codes import EXIT_OK
 from producer.run_access import connect_redis
 from producer.settings import ProducerSettings
 from producer.status_view import clock

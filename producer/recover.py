@@ -16,7 +16,7 @@ from itertools import islice
 import msgspec
 import redis
 
-from inference.records import DeadLetter
+from core.records import DeadLetter
 from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.file_numbers import FileNumbers

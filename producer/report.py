@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import redis
 
-from inference.records import DeadLetter, Origin, Quality
+from core.records import DeadLetter, Origin, Quality
 from producer.export.loss_check import LossStats
 from workers.errors import RecordUnreadable
 from workers.record.manifest import ManifestEntry, completion_keys, read_manifest

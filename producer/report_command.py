@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from inference.exit_codes import EXIT_OK
+from core.exit_codes import EXIT_OK
 from producer.errors import RunNotFound
 from producer.progress_lines import ProgressLines
 from producer.report import compute_figures, dead_letters_by_reason

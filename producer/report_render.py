@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from inference.records import Quality
+from core.records import Quality
 from producer.report import (
     PERCENT,
     IntArray,

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from intake.errors import SettingsFileError
 from intake.run_file import GATE_FIELDS, SAMPLING_FIELDS, check_stated, check_values, read_toml, stated_values
 from producer.errors import OutputError, SettingsError

@@ -15,8 +15,8 @@ import redis
 from rich.console import Console
 from rich.live import Live
 
-from inference.exit_codes import EXIT_FAILED, EXIT_OK
-from inference.records import DeadLetter, Record, row_place
+from core.exit_codes import EXIT_FAILED, EXIT_OK
+from core.records import DeadLetter, Record, row_place
 from intake.rejected import RejectedRow
 from intake.rows import rejection_source
 from producer.errors import RunNotFound, SettingsError

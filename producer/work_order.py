@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from inference.records import Prompt
+from core.records import Prompt
 from workers.state.batch_priority import LONGEST_WORK_PRIORITY, SHORTEST_WORK_PRIORITY
 
 DEFAULT_ANSWER_TOKENS = 2048  # one turn's answer before anything is known: a thinking answer's scale

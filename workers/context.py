@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
+from core.records import Origin
 from inference.client import SGLangClient
-from inference.records import Origin
 from inference.server_probe import ServerProbe
 from workers.generate.generation import GenerationEngine, RetryPolicy
 from workers.generate.server_record import ServerRecord

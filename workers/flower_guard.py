@@ -30,7 +30,7 @@ import click
 from celery import Celery
 from celery.signals import import_modules
 
-from inference.addresses import is_loopback
+from core.addresses import is_loopback
 
 FLOWER_COMMAND = "flower"
 DEFAULT_ADDRESS = "127.0.0.1"  # Flower's own default, "", listens on every interface

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inference.addresses import is_loopback
+from core.addresses import is_loopback
+from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.errors import ServerNotReady
-from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.command import build_commands
 from inference.node.errors import NodeError, OptionError, ServerExited
 from inference.node.launcher import StopRequest, run_fleet, stop_on_signals

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO
 
+from core.private_files import write_private
 from inference.node.command import ServerCommand
 from inference.node.errors import LaunchError, ServerExited
-from inference.private_files import write_private
 from inference.readiness import (
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_READY_TIMEOUT_S,

@@ -1,6 +1,6 @@
 """Where a model folder is staged from: a local (or network-mounted) folder, or an S3 prefix.
 
-S3 goes through `inference.s3`'s client (the standard credential chain and retry policy; boto3 itself
+S3 goes through `core.s3`'s client (the standard credential chain and retry policy; boto3 itself
 honours AWS_ENDPOINT_URL and AWS_ENDPOINT_URL_S3 for S3-compatible stores).
 """
 
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from core.s3 import S3_SCHEME, is_s3_url, parse_s3_url, s3_client
 from inference.node.errors import StagingError
-from inference.s3 import S3_SCHEME, is_s3_url, parse_s3_url, s3_client
 
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 

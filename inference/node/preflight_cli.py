@@ -21,8 +21,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from core.records import SamplingSettings
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
-from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.errors import OptionError
 from inference.node.preflight.judging import Level, Verdict
 from inference.node.preflight.outcomes import PromptOutcome
@@ -30,7 +31,6 @@ from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COU
 from inference.node.preflight.report import PreflightReport, report_to_json
 from inference.node.preflight.run_files import run_prompts, run_sampling
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
-from inference.records import SamplingSettings
 from inference.sampling_options import (
     SAMPLING_OPTION_NAMES,
     add_sampling_options,

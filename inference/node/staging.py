@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from core.safe_paths import stays_inside
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
 from inference.node.model_sources import ModelSource, SourceFile
 from inference.node.units import human_bytes
-from inference.safe_paths import stays_inside
 
 logger = logging.getLogger(__name__)
 

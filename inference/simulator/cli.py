@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from inference.exit_codes import EXIT_USAGE
+from core.exit_codes import EXIT_USAGE
 from inference.simulator.settings import (
     SimulatorSettings,
     add_settings_arguments,

@@ -12,7 +12,7 @@ import redis
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from inference.exit_codes import EXIT_FAILED, EXIT_OK
+from core.exit_codes import EXIT_FAILED, EXIT_OK
 from producer.errors import RunNotFound, SettingsError
 from producer.export.exporter import ExportRefused, ExportSettings, Scan, refusal, run_export, scan_output
 from producer.export.formats import ExportFormat, ThinkingStyle

@@ -72,8 +72,8 @@ from typing import Any
 
 import msgspec
 
+from core.records import Completion, Quality
 from inference.quality import FINISH_LENGTH
-from inference.records import Completion, Quality
 from intake.rows import ASSISTANT, SYSTEM, USER
 from producer.export.errors import MissingTokenIds, UnknownRole
 

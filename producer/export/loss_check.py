@@ -14,7 +14,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from inference.records import Quality
+from core.records import Quality
 from producer.errors import SettingsError
 
 DEFAULT_MIN_LOSS_TOKENS = 32

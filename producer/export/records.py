@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.records import Record
+from core.records import Record
 from producer.export.shards import ShardDone
 
 

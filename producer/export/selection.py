@@ -14,7 +14,7 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
-from inference.records import Completion, Quality
+from core.records import Completion, Quality
 from producer.export.formats import ExportFormat, raw_think_markers, sequence_tokens
 
 DEFAULT_INCLUDE = frozenset({Quality.OK})

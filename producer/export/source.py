@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from inference.records import Completion
+from core.records import Completion
 from inference.server_facts import ServerFacts, decode_facts
 from producer.export.errors import ExportError
 from producer.recover import read_run_settings

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from inference.records import Quality
+from core.records import Quality
 from producer.status.model import (
     Cost,
     Eta,

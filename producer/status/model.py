@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from inference.records import Record
+from core.records import Record
 from producer.status.quarantine_figures import QuarantineFigures
 from workers.state.parked_messages import ParkedCount
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import redis
 
-from inference.records import Record
+from core.records import Record
 from workers.record.record_checks import read_views
 from workers.state.keys import RunKeys
 from workers.state.quarantine import PROMPT_KINDS, Quarantine

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.records import Completion
+from core.records import Completion
 from producer.cli import main
 from producer.export.formats import turn_completions
 from tests.support.run_output import conversation, write_run_output

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.records import Completion
+from core.records import Completion
 from producer.cli import main
 from tests.support.run_output import (
     completion,

@@ -37,7 +37,7 @@ from typing import Any, cast
 import msgspec
 import redis
 
-from inference.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
+from core.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
 from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue_processes import dealt

@@ -28,7 +28,7 @@ from collections import Counter
 
 import msgspec
 
-from inference.records import DeadLetter, DeadLetterReason, PromptBatch
+from core.records import DeadLetter, DeadLetterReason, PromptBatch
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run

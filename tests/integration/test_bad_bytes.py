@@ -16,8 +16,8 @@ import msgspec
 import pytest
 import redis
 
+from core.records import DeadLetter
 from devstack.local_stack import wait_until
-from inference.records import DeadLetter
 from tests.support import prompt_files
 from tests.support.malformed_messages import (
     envelope_of,

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import redis
 
+from core.records import Completion, DeadLetter, Quality
 from devstack.local_stack import wait_until
-from inference.records import Completion, DeadLetter, Quality
 from inference.simulator import RequestRecord, SimulatorProcess
 from tests.support import prompt_files
 from tests.support.records import completion

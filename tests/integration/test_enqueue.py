@@ -12,8 +12,8 @@ import msgspec
 import pytest
 import redis
 
+from core.records import PromptBatch, SamplingSettings, Turns, Usage
 from devstack.local_stack import wait_until
-from inference.records import PromptBatch, SamplingSettings, Turns, Usage
 from intake.reading import iter_prompts
 from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError

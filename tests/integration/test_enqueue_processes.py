@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.records import Prompt, PromptBatch, SamplingSettings
+from core.records import Prompt, PromptBatch, SamplingSettings
 from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.records import Origin, Prompt, SamplingSettings
+from core.records import Origin, Prompt, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt

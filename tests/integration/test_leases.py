@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from core.records import SamplingSettings
 from devstack.local_stack import free_port, start_redis
-from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt

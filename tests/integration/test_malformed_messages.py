@@ -17,8 +17,8 @@ import pytest
 import redis
 from kombu.transport import redis as kombu_redis
 
+from core.records import SamplingSettings
 from devstack.local_stack import flower_process, free_port, http_ok, wait_until
-from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.recover import write_run_settings
 from tests.support import prompt_files

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.exit_codes import EXIT_USAGE
+from core.exit_codes import EXIT_USAGE
 from workers.state.keys import RunKeys
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from producer.recover import write_run_settings
 from tests.support.records import completion
 from workers.record.manifest import read_manifest

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from core.records import Quality
 from devstack.local_stack import free_port
-from inference.records import Quality
 from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators

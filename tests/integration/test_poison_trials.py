@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings, predict_outcome
 from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE
 from tests.simulator.test_simulator_scheduler import sample_value

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from inference.records import DeadLetter, PromptBatch, SamplingSettings
+from core.records import DeadLetter, PromptBatch, SamplingSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
 from producer.gc import collect_orphans

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import redis
 
-from inference.records import DeadLetter, Origin, Prompt, PromptBatch, SamplingSettings
+from core.records import DeadLetter, Origin, Prompt, PromptBatch, SamplingSettings
 from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
 from producer.enqueue import Enqueuer, pin_settings
 from producer.gc import collect_orphans

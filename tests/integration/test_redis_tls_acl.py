@@ -19,6 +19,7 @@ import msgspec
 import pytest
 import redis
 
+from core.records import DeadLetter, DeadLetterReason, Quality, SamplingSettings
 from devstack.local_stack import (
     PROJECT_ROOT,
     celery_command,
@@ -28,7 +29,6 @@ from devstack.local_stack import (
     http_ok,
     wait_until,
 )
-from inference.records import DeadLetter, DeadLetterReason, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
 from producer.enqueue import Enqueuer
 from tests.support import prompt_files

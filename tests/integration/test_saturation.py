@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from inference.simulator import SimulatorSettings, predict_outcome
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators

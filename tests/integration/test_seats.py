@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from core.records import SamplingSettings
 from devstack.local_stack import RedisProcess, free_port, redis_process, start_redis
-from inference.records import SamplingSettings
 from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import prompt

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import redis
 
-from inference.records import DeadLetter, SamplingSettings
+from core.records import DeadLetter, SamplingSettings
 from producer.gc import collect_orphans
 from producer.recover import recover_run, write_run_settings
 from producer.verify import verify_run

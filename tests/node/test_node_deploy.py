@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.exit_codes import EXIT_OK
+from core.exit_codes import EXIT_OK
 from inference.node.cli import register
 from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 

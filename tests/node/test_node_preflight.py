@@ -14,9 +14,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from core.records import SamplingSettings
 from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
-from inference.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.node.errors import OptionError
 from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
 from inference.node.preflight.outcomes import (
@@ -29,7 +30,6 @@ from inference.node.preflight.outcomes import (
 )
 from inference.node.preflight.report import build_report
 from inference.node.preflight_cli import sampling_from_args
-from inference.records import SamplingSettings
 from inference.simulator import SimulatorProcess, SimulatorSettings
 
 URL = "http://gpu-0:30000"

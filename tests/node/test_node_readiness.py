@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from core.exit_codes import EXIT_OK
 from inference.errors import ServerNotReady
-from inference.exit_codes import EXIT_OK
 from inference.node.cli import EXIT_NOT_READY, register
 from inference.readiness import Probe, ReadinessTarget, Stage, log_tail, wait_until_ready
 

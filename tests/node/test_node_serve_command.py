@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.exit_codes import EXIT_OK, EXIT_USAGE
+from core.exit_codes import EXIT_OK, EXIT_USAGE
 from inference.node import command as command_module
 from inference.node.cli import register, wide_bind_warning
 from inference.node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets

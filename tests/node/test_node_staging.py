@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from inference.exit_codes import EXIT_FAILED, EXIT_OK
+from core.exit_codes import EXIT_FAILED, EXIT_OK
 from inference.node.cli import register
 from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
 from inference.node.model_sources import LocalSource, SourceFile, open_source

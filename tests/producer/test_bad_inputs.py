@@ -23,9 +23,9 @@ import boto3
 import pytest
 import redis
 
+from core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from core.records import Prompt, PromptBatch
 from devstack.local_stack import wait_until
-from inference.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from inference.records import Prompt, PromptBatch
 from producer.cli import main
 from producer.enqueue_processes import part_of
 from producer.errors import S3_HINT

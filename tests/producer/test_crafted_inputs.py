@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.exit_codes import EXIT_OK, EXIT_USAGE
+from core.exit_codes import EXIT_OK, EXIT_USAGE
 from intake.errors import SourceError
 from intake.input_files import open_rows
 from tests.support.crafted_inputs import BUILDERS, MIB

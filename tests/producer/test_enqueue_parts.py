@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from inference.exit_codes import EXIT_USAGE
-from inference.records import Message, Prompt
+from core.exit_codes import EXIT_USAGE
+from core.records import Message, Prompt
 from intake.rejected import RejectedRow
 from producer.cli import main
 from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport

@@ -10,7 +10,7 @@ from typing import Any
 import datasets as hf_datasets
 import pytest
 
-from inference.records import Quality
+from core.records import Quality
 from producer.cli import main
 from producer.export.exporter import ExportSettings, run_export, scan_output
 from producer.export.formats import ExportFormat

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from producer_test_data import WriteHuggingFaceDataset, WriteJsonl, WriteParquet, jsonl_lines
 
-from inference.records import Message, Prompt
+from core.records import Message, Prompt
 from intake.errors import SourceError
 from intake.input_files import SourceRow, open_rows
 from intake.limits import ReadLimits

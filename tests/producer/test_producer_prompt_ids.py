@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-from inference.records import Message, Prompt
+from core.records import Message, Prompt
 from intake.prompt_ids import MAX_ID_CHARS, hashed_id
 from intake.rejected import RejectedRow
 from intake.rows import parse_row

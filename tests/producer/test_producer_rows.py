@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.records import Message, Prompt, Turns
+from core.records import Message, Prompt, Turns
 from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
 from intake.rejected import RejectedRow
 from intake.row_fields import RowFields

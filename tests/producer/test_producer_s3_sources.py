@@ -14,7 +14,7 @@ import pytest
 from botocore.exceptions import ResponseStreamingError
 from producer_test_data import WriteHuggingFaceDataset
 
-from inference.records import Message, Prompt
+from core.records import Message, Prompt
 from intake.errors import SourceError
 from intake.reading import iter_prompts
 from intake.rejected import RejectedRow

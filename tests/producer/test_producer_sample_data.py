@@ -6,7 +6,7 @@ from collections import Counter
 
 from sample_prompts_builder import SAMPLE_PATH, SAMPLE_SIZE, sample_jsonl_text
 
-from inference.records import Prompt
+from core.records import Prompt
 from intake.reading import iter_prompts
 
 

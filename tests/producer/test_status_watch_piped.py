@@ -12,7 +12,7 @@ from typing import IO
 
 import pytest
 
-from inference.exit_codes import EXIT_OK
+from core.exit_codes import EXIT_OK
 from producer.cli import main
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
+from core.records import Origin, Quality, SamplingSettings
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
-from inference.records import Origin, Quality, SamplingSettings
 from inference.simulator import SimulatorProcess
 from tests.support import sse
 from tests.support.handover import Recorder

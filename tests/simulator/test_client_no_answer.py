@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.records import Message, SamplingSettings
 from devstack.local_stack import free_port
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import FailureCause, InferenceUnavailable
-from inference.records import Message, SamplingSettings
 
 SHORT_TIMEOUT_S = 0.5
 

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
+from core.records import Message, SamplingSettings, Usage
 from inference.chat_stream import MAX_EVENT_BYTES, ChatResult
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import FailureCause, InferenceError, InferenceRejected, InferenceUnavailable
-from inference.records import Message, SamplingSettings, Usage
 from tests.support import sse
 
 PIECE_BYTES = 7  # smaller than any event: every event arrives split across reads

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from core.records import Message, SamplingSettings, Usage
 from inference.chat_stream import ChatResult
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
-from inference.records import Message, SamplingSettings, Usage
 from inference.simulator import SimulatorProcess, SimulatorSettings, predict_outcome
 from tests.simulator.test_simulator_scheduler import poll_until, running_and_queued
 from tests.support import sse

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from core.records import Message, SamplingSettings
 from inference.chat_stream import ChatResult
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
-from inference.records import Message, SamplingSettings
 from inference.server_facts import facts_from_server_info
 from inference.server_probe import ServerProbe
 from inference.simulator import SimulatorProcess

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from core.records import Origin, SamplingSettings
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
-from inference.records import Origin, SamplingSettings
 from inference.simulator import SimulatorProcess
 from tests.simulator.test_simulator_scheduler import running_and_queued
 from tests.support.handover import Recorder

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis
 
-from inference.exit_codes import EXIT_OK
-from inference.records import DeadLetter, DeadLetterReason, SamplingSettings
+from core.exit_codes import EXIT_OK
+from core.records import DeadLetter, DeadLetterReason, SamplingSettings
 from producer.cli import main
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger

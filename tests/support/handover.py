@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inference.records import Completion, DeadLetter, Turn
+from core.records import Completion, DeadLetter, Turn
 from workers.state.poison import Evidence
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import redis
 
-from inference.records import Origin, Prompt, SamplingSettings
+from core.records import Origin, Prompt, SamplingSettings
 from tests.support.records import completion
 from workers.generate.batches import BatchReport, handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from inference.records import (
+from core.records import (
     Completion,
     Message,
     Origin,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
+from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from inference.server_facts import ServerFacts, encode_facts, facts_id
 from workers.record.manifest import ManifestEntry, data_key, encode_entry, manifest_key, server_key
 from workers.record.parquet_io import completions_to_parquet

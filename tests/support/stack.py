@@ -15,8 +15,8 @@ from typing import Any, Self
 import pyarrow.parquet as pq
 import redis
 
+from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
-from inference.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.record.manifest import completion_keys, read_manifest

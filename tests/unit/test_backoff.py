@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from inference.backoff import backoff_delay_s
+from core.backoff import backoff_delay_s
 
 
 def test_backoff_doubles_its_ceiling_until_the_cap() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
+    "core",
     "inference",
     "intake",
     "inference/node",

@@ -14,7 +14,7 @@ import datasets as hf_datasets
 import msgspec
 import pytest
 
-from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
+from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from producer.errors import ProducerError
 from producer.export.errors import ExportError, MissingTokenIds, UnknownRole
 from producer.export.formats import (

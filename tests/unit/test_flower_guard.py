@@ -12,8 +12,8 @@ import pytest
 from celery import Celery
 from celery.signals import import_modules
 
+from core.addresses import is_loopback
 from devstack.local_stack import PROJECT_ROOT
-from inference.addresses import is_loopback
 from workers.flower_guard import (
     DEFAULT_ADDRESS,
     FlowerLogin,

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from core.records import Completion, Message, Origin, Quality, SamplingSettings, Usage
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
-from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from workers.errors import RecordTooLarge

@@ -1,6 +1,6 @@
-"""The layers stay layered: inference's core lowest, then what a run reads (intake), the node tools, workers,
-the producer, devstack (dev tooling) above all; no import circle (not even through an import inside a
-function), no Celery app where none is needed."""
+"""The layers stay layered: the floor (core) lowest, then what talks to SGLang (inference), what a run reads
+(intake), the node tools, workers, the producer, devstack (dev tooling) above all; no import circle (not even
+through an import inside a function), no Celery app where none is needed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
 # The layers, lowest first: each imports only itself and the layers before it. A module is in the layer of
 # the longest name it starts with: the node tools (`inference.node`) stand on what a run reads (`intake`),
-# which stands on the core of `inference`.
-LAYERS = ("inference", "intake", "inference.node", "workers", "producer", "devstack")
-PACKAGES = ("inference", "intake", "workers", "producer", "devstack")
+# which stands on what talks to SGLang (`inference`), on the floor (`core`).
+LAYERS = ("core", "inference", "intake", "inference.node", "workers", "producer", "devstack")
+PACKAGES = ("core", "inference", "intake", "workers", "producer", "devstack")
 
 
 def layer_of(module: str) -> str | None:

@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from inference.records import Quality
+from core.records import Quality
 from producer.errors import SettingsError
 from producer.export import loss_check
 from producer.export.loss_check import (

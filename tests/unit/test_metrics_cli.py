@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from core.exit_codes import EXIT_USAGE
 from devstack.local_stack import PROJECT_ROOT
-from inference.exit_codes import EXIT_USAGE
 
 CLOSED_REDIS = "redis://127.0.0.1:1/0"  # the exporter reads Redis only when scraped
 

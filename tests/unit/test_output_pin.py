@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import OutputPin, output_pin_mismatch

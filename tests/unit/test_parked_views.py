@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.records import SamplingSettings
+from core.records import SamplingSettings
 from producer.cli import main as producer_main
 from producer.enqueue import pin_settings
 from producer.metrics_exporter import DraftgenCollector

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.records import Completion, Message, Quality, SamplingSettings, Timings, Turn, Usage
 from devstack.local_stack import PROJECT_ROOT
-from inference.records import Completion, Message, Quality, SamplingSettings, Timings, Turn, Usage
 from tests.support.records import completion
 from workers.record.arrow_schema import NoArrowType, arrow_schema
 from workers.record.parquet_io import (

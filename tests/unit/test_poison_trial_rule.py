@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.records import Message, Origin, SamplingSettings
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceUnavailable
-from inference.records import Message, Origin, SamplingSettings
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from tests.unit.test_generation import FakeServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from inference.exit_codes import EXIT_FAILED, EXIT_USAGE
+from core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from producer.errors import (
     OutputUnavailable,
     RedisUnavailable,

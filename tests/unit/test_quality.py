@@ -1,5 +1,5 @@
+from core.records import Quality
 from inference.quality import label_completion
-from inference.records import Quality
 
 
 def label(content: str, reasoning: str | None, finish: str, thinking: bool = True) -> Quality:

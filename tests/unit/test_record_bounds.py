@@ -9,7 +9,7 @@ import tracemalloc
 import msgspec
 import pytest
 
-from inference.records import Completion, DeadLetter
+from core.records import Completion, DeadLetter
 from producer.status.quarantine_figures import QuarantineFigures, quarantine_warning
 from tests.support.records import completion
 from workers.errors import RecordUnreadable

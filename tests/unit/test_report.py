@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from inference.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
+from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from producer.cli import build_parser, main
 from producer.report import (
     REPORT_COLUMNS,

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.records import SamplingSettings, Turns
+from core.records import SamplingSettings, Turns
 from producer.errors import SettingsError
 from producer.run_config import read_settings_file, resolve_run_settings
 from workers.errors import InvalidRunName

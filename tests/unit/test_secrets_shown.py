@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from inference.exit_codes import EXIT_FAILED
+from core.exit_codes import EXIT_FAILED
 from producer.cli import main
 from workers.errors import InvalidSetting
 from workers.settings import WorkerSettings, redacted_url

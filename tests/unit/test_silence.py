@@ -9,8 +9,8 @@ import threading
 import time
 from collections import Counter, defaultdict
 
+from core.records import Message, Origin, SamplingSettings, Usage
 from inference.chat_stream import ChatResult, ProgressCallback
-from inference.records import Message, Origin, SamplingSettings, Usage
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from workers.generate.generation import GenerationEngine, RetryPolicy

@@ -8,8 +8,8 @@ import json
 import pytest
 from rich.console import Console
 
+from core.records import Quality
 from inference.metrics_reader import parse_metrics
-from inference.records import Quality
 from inference.server_probe import accept_length_from_server_info
 from producer.errors import SettingsError
 from producer.status.figures import (

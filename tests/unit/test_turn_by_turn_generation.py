@@ -11,10 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from devstack.local_stack import wait_until
-from inference.chat_stream import ChatResult, ProgressCallback
-from inference.errors import InferenceRejected
-from inference.records import (
+from core.records import (
     Completion,
     Message,
     Origin,
@@ -25,6 +22,9 @@ from inference.records import (
     Turns,
     Usage,
 )
+from devstack.local_stack import wait_until
+from inference.chat_stream import ChatResult, ProgressCallback
+from inference.errors import InferenceRejected
 from intake.rows import parse_row
 from tests.support.handover import Recorder
 from tests.support.records import completion

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.records import Message, Prompt
+from core.records import Message, Prompt
 from producer.work_order import (
     CHARS_PER_TOKEN,
     DEFAULT_ANSWER_TOKENS,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import redis
 
-from inference.records import DeadLetter, DeadLetterReason, PromptBatch
+from core.records import DeadLetter, DeadLetterReason, PromptBatch
 from workers.errors import RecordUnreadable, RetryLater, RunBroken
 from workers.generate.generation import BatchOutcome, Truncation
 from workers.generate.quality_gate import check_quality_gate

@@ -26,11 +26,8 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
-from inference.backoff import backoff_delay_s
-from inference.chat_stream import ChatResult, ProgressCallback
-from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
-from inference.quality import label_completion
-from inference.records import (
+from core.backoff import backoff_delay_s
+from core.records import (
     Completion,
     DeadLetter,
     DeadLetterReason,
@@ -42,6 +39,9 @@ from inference.records import (
     Timings,
     Turn,
 )
+from inference.chat_stream import ChatResult, ProgressCallback
+from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
+from inference.quality import label_completion
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 from workers.errors import RecordTooLarge
 from workers.generate.liveness import Outage

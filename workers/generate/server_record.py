@@ -13,7 +13,7 @@ from typing import Protocol
 import msgspec
 import redis
 
-from inference.records import Origin
+from core.records import Origin
 from inference.server_facts import encode_facts, facts_from_server_info, facts_id
 from workers.state.keys import SERVERS_KEY
 

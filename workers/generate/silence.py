@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import msgspec
 
+from core.records import Message, SamplingSettings
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceError, InferenceUnavailable
 from inference.readiness import READY_MAX_TOKENS, READY_PROMPT
-from inference.records import Message, SamplingSettings
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from core.records import SamplingSettings
 from inference.errors import FailureCause, InferenceUnavailable
 from inference.readiness import DEFAULT_READY_TIMEOUT_S
-from inference.records import SamplingSettings
 from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, DEFAULT_LIVENESS_STALL_S, Liveness, Outage
 from workers.state.poison import Evidence, TrialEnd
 

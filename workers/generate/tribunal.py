@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import msgspec
 
+from core.records import SamplingSettings
 from inference.chat_stream import ChatResult
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
-from inference.records import SamplingSettings
 from workers.generate.silence import SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Ruling, failed_after_s, trial_end
 from workers.state.poison import (

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from inference.records import Turn
+from core.records import Turn
 
 Save = Callable[[list[Turn]], Awaitable[object]]
 

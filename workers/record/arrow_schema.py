@@ -1,5 +1,5 @@
 """A record type's Arrow schema, derived from its msgspec fields: the output's columns are declared once, in
-inference/records.py, and a field added there reaches every Parquet part (pyarrow's `from_pylist` drops a
+core/records.py, and a field added there reaches every Parquet part (pyarrow's `from_pylist` drops a
 key its schema lacks without a word, so a schema written by hand loses a new field silently).
 
 Field order and names are the record's (its encode names); a field that may be None is nullable, as every

@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from inference.records import Record
+from core.records import Record
 
 
 class EnqueueNote(Record, frozen=True):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from inference.records import PromptBatch
+from core.records import PromptBatch
 from workers.errors import RecordUnreadable
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys

@@ -22,7 +22,7 @@ import hashlib
 
 import msgspec
 
-from inference.records import Record
+from core.records import Record
 from workers.record.object_store import ObjectStore
 from workers.record.output_places import SETTINGS_KEY as SETTINGS_KEY  # an output is known by its run.json
 from workers.record.storage import open_store

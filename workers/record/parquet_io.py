@@ -9,7 +9,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from inference.records import Completion
+from core.records import Completion
 from workers.record.arrow_schema import arrow_schema
 
 PARQUET_COMPRESSION = "zstd"

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from inference.records import DeadLetter
+from core.records import DeadLetter
 from workers.errors import ObjectMissing
 from workers.record.enqueued import EnqueuedChunk, decode_enqueued
 from workers.record.jsonl_io import from_jsonl

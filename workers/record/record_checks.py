@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from inference.records import Completion, DeadLetter
+from core.records import Completion, DeadLetter
 from workers.errors import RecordUnreadable
 from workers.state.codec import OVER_LIMIT, decode_json, inflate
 from workers.state.keys import RunKeys

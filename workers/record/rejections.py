@@ -4,7 +4,7 @@ input it came from (the objects `rejected/<key>.jsonl` that `enqueue` writes and
 
 from __future__ import annotations
 
-from inference.records import Record
+from core.records import Record
 from intake.rejected import RejectedRow
 
 

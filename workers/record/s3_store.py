@@ -14,13 +14,13 @@ import boto3
 import boto3.exceptions
 import botocore.exceptions
 
-from inference.s3 import s3_client
-from inference.safe_paths import stays_inside
+from core.s3 import s3_client
+from core.safe_paths import stays_inside
 from workers.errors import ObjectMissing, StoreUnavailable, UnsafeKey
 from workers.record.object_store import ObjectInfo
 
 STORE_RETRY_DELAY_S = 10.0
-# botocore retries each request (inference.s3's policy); a flush that still fails raises StoreUnavailable,
+# botocore retries each request (core.s3's policy); a flush that still fails raises StoreUnavailable,
 # and Celery's retry of the flush task is the layer above it: the whole part is written again later.
 S3_PRECONDITION_FAILED = "PreconditionFailed"
 S3_CONFLICT = "ConditionalRequestConflict"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from inference.s3 import S3Url, parse_s3_url
-from inference.safe_paths import stays_inside
+from core.s3 import S3Url, parse_s3_url
+from core.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
 from workers.record.object_store import ObjectInfo, ObjectStore
 from workers.record.output_places import check_local_place, check_written_location

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import msgspec
 import redis
 
-from inference.records import Completion, DeadLetter
+from core.records import Completion, DeadLetter
 from inference.server_facts import ServerFacts, encode_facts, facts_id
 from workers.errors import ObjectMissing, RecordUnreadable, RetryLater, RunBroken, UploadLockLost
 from workers.record.finished_bodies import FinishedBodies

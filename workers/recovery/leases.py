@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import msgspec
 import redis
 
-from inference.records import Record
+from core.records import Record
 from workers.errors import FunctionsMissing, RecordUnreadable
 from workers.periodic import PeriodicThread
 from workers.state.codec import decode_json

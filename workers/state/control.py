@@ -12,7 +12,7 @@ import time
 import msgspec
 import redis
 
-from inference.records import Record
+from core.records import Record
 from workers.errors import RecordUnreadable
 from workers.state.codec import decode_json
 from workers.state.keys import RunKeys

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import redis
 
-from inference.records import DeadLetterReason, Quality
+from core.records import DeadLetterReason, Quality
 from workers.state.keys import RunKeys
 from workers.state.runs import QualityGate
 from workers.state.stats_fields import COMPLETIONS, TURNS, dead_field, generated_turns, quality_field

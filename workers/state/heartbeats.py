@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import redis
 
-from inference.records import Record
+from core.records import Record
 from workers.errors import RecordUnreadable
 from workers.state.codec import decode_json
 from workers.state.keys import WORKER_HEARTBEAT_PATTERN

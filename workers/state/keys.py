@@ -238,7 +238,7 @@ class RunKeys:
     @property
     def turns(self) -> str:
         """Hash prompt id -> the finished turns of a conversation not yet staged (compressed JSON list of
-        inference.records.Turn): a later delivery resumes at the next turn. Gone once it is staged or dead."""
+        core.records.Turn): a later delivery resumes at the next turn. Gone once it is staged or dead."""
         return self._key("turns")
 
     @property

@@ -16,7 +16,7 @@ from typing import TypeVar
 import msgspec
 import redis
 
-from inference.records import Completion, DeadLetter, Origin, Prompt, Turn
+from core.records import Completion, DeadLetter, Origin, Prompt, Turn
 from workers.errors import RecordTooLarge, RecordUnreadable
 from workers.state.codec import compress, decode_blob, decode_json, encode_blob, encode_json
 from workers.state.keys import RunKeys

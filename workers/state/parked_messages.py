@@ -17,7 +17,7 @@ from itertools import product
 import msgspec
 import redis
 
-from inference.records import Record
+from core.records import Record
 from workers.errors import MalformedMessage
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY
 from workers.state.message_check import Malformation

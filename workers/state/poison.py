@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from inference.records import Record
+from core.records import Record
 
 log = logging.getLogger(__name__)
 

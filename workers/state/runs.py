@@ -7,7 +7,7 @@ import enum
 import msgspec
 import redis
 
-from inference.records import Record, SamplingSettings, Turns
+from core.records import Record, SamplingSettings, Turns
 from workers.errors import RecordUnreadable, RunBroken
 from workers.state.codec import decode_json
 from workers.state.keys import RunKeys

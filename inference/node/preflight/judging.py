@@ -7,9 +7,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.records import Quality, SamplingSettings
 from inference.node.preflight.outcomes import PromptOutcome, ServerReading, Totals
 from inference.quality import FINISH_LENGTH
-from inference.records import Quality, SamplingSettings
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 
 FAIL_SHARE = 0.5

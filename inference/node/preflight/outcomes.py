@@ -7,9 +7,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from core.records import Quality
 from inference.errors import InferenceError, InferenceRejected
 from inference.quality import label_completion
-from inference.records import Quality
 from inference.server_facts import facts_from_server_info
 from inference.server_probe import accept_length_from_server_info
 

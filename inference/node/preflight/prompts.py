@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.records import Message
+from core.records import Message
 
 DEFAULT_PROMPT_COUNT = 8
 

@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from core.records import SamplingSettings
 from inference.client import SGLangClient
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.errors import InferenceError
@@ -19,7 +20,6 @@ from inference.node.preflight.outcomes import (
 )
 from inference.node.preflight.prompts import PreflightPrompt
 from inference.node.preflight.report import PreflightReport, build_report
-from inference.records import SamplingSettings
 from inference.server_probe import ServerProbe
 
 SERVER_INFO_TIMEOUT_S = 10.0

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.records import SamplingSettings
 from inference.node.errors import OptionError
 from inference.node.preflight.prompts import PreflightPrompt
-from inference.records import SamplingSettings
 from intake.errors import IntakeError, SourceError
 from intake.rejected import RejectedRow
 from intake.run_file import read_toml, stated_sampling
