@@ -28,12 +28,12 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.records import Message, Prompt, SamplingSettings
+from core.run_settings.model import RunSettings
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run, memory_by_prefix
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from workers.state.keys import ID_BUCKETS, RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.runs import RunSettings
 
 INSTANT_SPEEDUP = 100_000.0
 RUN_IDS = "the run's ids"

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.draftgen_fleet import draftgen_fleet, run_to_end
 from core.records import Message, Prompt, SamplingSettings
+from core.run_settings.model import DEFAULT_BATCH_SIZE
 from devstack.local_stack import free_port, start_redis
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
-from workers.state.runs import DEFAULT_BATCH_SIZE
 
 GPUS = 2
 SLOTS = 48

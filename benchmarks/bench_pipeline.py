@@ -40,6 +40,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.records import Message, Prompt, SamplingSettings
+from core.run_settings.model import DEFAULT_BATCH_SIZE, RunSettings
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run
 from inference.client import build_request
@@ -47,7 +48,6 @@ from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettin
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, SINGLE
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
 from workers.state.ledger import RunLedger
-from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings
 
 WINDOW = 48
 WARMUP_FRACTION = 0.1  # the first slice of a run is excluded: every client starts by filling the slots

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_pipeline import SAMPLING, WINDOW, bench_prompts
 from core.records import Prompt
+from core.run_settings.model import RunSettings
 from devstack.local_stack import free_port, start_celery_worker, start_redis, wait_until, worker_env
 from devstack.runs import enqueue_run
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
@@ -47,7 +48,6 @@ from inference.simulator.length_mix import REASONING
 from producer.verify import verify_run
 from workers.record.storage import open_store
 from workers.state.ledger import RunLedger
-from workers.state.runs import RunSettings
 
 RESTART_AFTER_S = 2.0  # systemd's RestartSec is 5 by our units; a spot or OOM restart is seconds
 KILL_AT_FRACTION = 0.5

@@ -59,7 +59,7 @@ from core.records import Message, Prompt, SamplingSettings
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.seat import Seat
 from workers.state.redis_client import connect
-from workers.state.runs import RunSettings
+from core.run_settings.model import RunSettings
 
 url, label = sys.argv[1], sys.argv[2]
 client = connect(url)

@@ -31,9 +31,9 @@ from benchmarks.bench_pipeline import bench_conversations, measure, pipeline_run
 from benchmarks.bench_restart import one_reasoning_gpu, one_run
 from benchmarks.server_figures import describe_gaps, finished, percentile, turn_gaps
 from core.records import Prompt
+from core.run_settings.model import DEFAULT_BATCH_SIZE
 from inference.simulator import RequestRecord, SimulatorProcess
 from workers.settings import DEFAULT_BATCHES_IN_FLIGHT
-from workers.state.runs import DEFAULT_BATCH_SIZE
 
 MS_PER_S = 1000
 RUN = "turns"

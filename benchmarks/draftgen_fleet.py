@@ -11,11 +11,11 @@ from pathlib import Path
 import redis
 
 from core.records import Prompt, SamplingSettings
+from core.run_settings.model import DEFAULT_BATCH_SIZE, RunSettings
 from devstack.local_stack import ManagedProcess, start_celery_worker, wait_until, worker_env
 from devstack.runs import enqueue_run
 from inference.simulator import SimulatorProcess
 from workers.state.ledger import RunLedger
-from workers.state.runs import DEFAULT_BATCH_SIZE, RunSettings
 
 RUN_TIMEOUT_S = 1800.0
 

@@ -8,13 +8,13 @@ from collections.abc import Iterable, Mapping
 import redis
 
 from core.records import Prompt
+from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
 from producer.recover import write_run_settings
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
-from workers.state.runs import RunSettings
 
 BENCH_SOURCE = "bench"
 SCAN_COUNT = 1000  # keys per SCAN round trip

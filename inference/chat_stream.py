@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from core.records import TokenId, Usage
+from core.run_settings.keys import MAX_TOKENS_LIMIT
 from inference.errors import (
     HTTP_INTERNAL_SERVER_ERROR,
     FailureCause,
@@ -27,7 +28,6 @@ from inference.errors import (
     InferenceUnavailable,
     status_error,
 )
-from inference.sampling_options import MAX_TOKENS_LIMIT
 
 ProgressCallback = Callable[[], None]
 """Called on every chunk of a request's stream: the request's own sign of life."""

@@ -1,10 +1,9 @@
 """Errors of what a run reads, one tree. A bad row never raises: it becomes a `RejectedRow`.
 
 IntakeError             retrying cannot help: what the user gave must change
-├── SourceError         DATA cannot be read at all (missing, empty, unknown type, unreadable)
-│   └── SourceUnavailable  retrying helps: DATA's S3 store cannot be reached or refused (credentials,
-│                          network, access); the same for an output (the producer's OutputUnavailable)
-└── SettingsFileError   the settings file cannot be read, or a value stated in it or as an option is invalid
+└── SourceError         DATA cannot be read at all (missing, empty, unknown type, unreadable)
+    └── SourceUnavailable  retrying helps: DATA's S3 store cannot be reached or refused (credentials,
+                           network, access); the same for an output (the producer's OutputUnavailable)
 
 The producer reports them as its usage errors (producer/errors.py), preflight as option errors.
 """
@@ -26,7 +25,3 @@ class SourceUnavailable(SourceError):
     """DATA's object store could not be reached, or refused the request (credentials, access, network)."""
 
     retry_helps: ClassVar[bool] = True
-
-
-class SettingsFileError(IntakeError):
-    """The run's settings file or a value the user stated for it is invalid."""

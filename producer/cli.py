@@ -9,12 +9,10 @@ import os
 import sys
 
 from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
-from core.records import Turns
-from inference.sampling_options import add_sampling_options
+from core.run_settings.options import add_run_options
 from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error, lower_errors
 from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS, ProducerSettings
-from workers.state.runs import TruncationPolicy
 
 # More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
 # takes (args, ProducerSettings) and returns an exit code.
@@ -33,73 +31,6 @@ HELP_EPILOG = """examples:
   python -c "import pandas as pd, sys; print(pd.concat(map(pd.read_parquet, sys.argv[1:])))" \
       $(python -m producer files --run qwen-think-v1)
 """
-
-
-def _add_sampling_options(parser: argparse.ArgumentParser) -> None:
-    group = add_sampling_options(
-        parser,
-        title="generation settings (pinned at the run's first enqueue)",
-        thinking_help="chat_template_kwargs.enable_thinking (default on)",
-        seed_help="recorded; SGLang honours it only with deterministic inference",
-    )
-    group.add_argument(
-        "--batch-size",
-        dest="batch_size",
-        type=int,
-        help="requests per message: prompts, a conversation counting its turns (default 32)",
-    )
-    group.add_argument(
-        "--output", dest="output_url", help="s3://bucket/prefix or a folder (default ./output)"
-    )
-    group.add_argument(
-        "--turns",
-        choices=[turns.value for turns in Turns],
-        help="conversations: all (default) regenerates every assistant turn in order, each request "
-        "holding the answers regenerated before it; last answers only the last user turn, the history "
-        "as the dataset gives it",
-    )
-    columns = parser.add_argument_group(
-        "your dataset's columns (pinned; default: messages or conversations, else prompt; system; "
-        "id, custom_id or uuid)"
-    )
-    columns.add_argument(
-        "--prompt-field", dest="prompt_field", metavar="NAME", help="the column of one user prompt's text"
-    )
-    columns.add_argument(
-        "--messages-field",
-        dest="messages_field",
-        metavar="NAME",
-        help="the column of a list of turns ({role, content} or ShareGPT {from, value})",
-    )
-    columns.add_argument("--system-field", dest="system_field", metavar="NAME", help="a system prompt's")
-    columns.add_argument("--id-field", dest="id_field", metavar="NAME", help="each row's own id's")
-    quality = parser.add_argument_group("data quality (pinned too)")
-    quality.add_argument(
-        "--truncated-thinking",
-        dest="truncated_thinking",
-        choices=[policy.value for policy in TruncationPolicy],
-        help="completions whose thinking hit max_tokens: keep (default), drop (dead-letter), "
-        "or retry with double the budget up to --retry-max-tokens-cap",
-    )
-    quality.add_argument("--retry-max-tokens-cap", dest="retry_max_tokens_cap", type=int)
-    quality.add_argument(
-        "--gate-min-completions",
-        dest="gate_min_completions",
-        type=int,
-        help="judge after this many (default 200)",
-    )
-    quality.add_argument(
-        "--gate-max-empty-rate",
-        dest="gate_max_empty_answer_rate",
-        type=float,
-        help="pause above (default 0.2)",
-    )
-    quality.add_argument(
-        "--gate-max-truncated-rate",
-        dest="gate_max_truncated_rate",
-        type=float,
-        help="pause above (default 0.3)",
-    )
 
 
 def _positive_int(text: str) -> int:
@@ -147,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes that classify, claim and publish, each on its own ids (default: one per core once "
         f"the input holds over {PROCESSES_MIN_ROWS:,} rows, at most {MAX_ENQUEUE_PROCESSES}); not pinned",
     )
-    _add_sampling_options(enqueue)
+    add_run_options(enqueue)
     enqueue.set_defaults(handler=Deferred("producer.enqueue_command", "cmd_enqueue"))
 
     verify = commands.add_parser(

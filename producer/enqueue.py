@@ -39,6 +39,7 @@ import msgspec
 import redis
 
 from core.records import Prompt, PromptBatch
+from core.run_settings.model import RunSettings, differences
 from intake.rejected import RejectedRow
 from intake.rows import rejection_key
 from producer.errors import EnqueueBusy, SettingsError
@@ -55,7 +56,7 @@ from workers.state.batch_priority import classed_batch_id
 from workers.state.codec import encode_blob
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.protocol import ALREADY_THERE, DUPLICATE_IN_INPUT, LOCK_LOST, NEW, ORPHANED, Scripts
-from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.state.runs import decode_run_settings, encode_run_settings
 from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, TURNS, generated_turns, parse_counters
 
 log = logging.getLogger(__name__)

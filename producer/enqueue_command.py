@@ -8,18 +8,18 @@ import dataclasses
 import itertools
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import redis
 
 from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from core.records import Prompt
-from inference.sampling_options import SAMPLING_OPTION_NAMES
+from core.run_settings.layers import OUTPUT_KEY, StatedSettings, read_toml, resolve, stated_settings
+from core.run_settings.model import DEFAULT_OUTPUT, RunSettings
+from core.run_settings.options import stated_options
 from intake.data_files import check_data
 from intake.limits import ReadLimits, row_limit_bytes
 from intake.rejected import RejectedRow
 from intake.row_fields import RowFields
-from intake.run_file import FIELD_MAPPINGS
 from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.errors import (
     OutputError,
@@ -28,14 +28,14 @@ from producer.errors import (
 from producer.progress_lines import ProgressLines
 from producer.recover import write_run_settings
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
-from producer.run_config import check_stated_values, read_settings_file, resolve_run_settings
-from producer.settings import ProducerSettings
+from producer.settings import DEFAULT_OUTPUT_ENV, ProducerSettings
+from workers.errors import UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
+from workers.record.storage import normalise_output_url
 from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
-from workers.state.runs import RunSettings
 
 LOOKAHEAD_REJECTIONS = 10_000  # rows read, before anything is pinned, to find the first prompt
 MOST_ROWS_SHARE = 0.5  # above this share of rejected rows, enqueue warns at the end
@@ -114,41 +114,32 @@ def _warn_when_most_rows_rejected(report: EnqueueReport, run: str) -> None:
         )
 
 
-def _enqueue_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        name: getattr(args, name)
-        for name in (
-            *SAMPLING_OPTION_NAMES,
-            "batch_size",
-            "output_url",
-            "truncated_thinking",
-            "retry_max_tokens_cap",
-            "turns",
-            "gate_min_completions",
-            "gate_max_empty_answer_rate",
-            "gate_max_truncated_rate",
-            *FIELD_MAPPINGS,
-        )
-    }
+def _output_url(url: str, where: str) -> str:
+    """The output as the run pins it (a folder as an absolute file:// URL), or OutputError naming where."""
+    try:
+        return normalise_output_url(url)
+    except UnsupportedStoreUrl as error:
+        raise OutputError(f"{where}: {error}") from error
+
+
+def _with_output_checked(stated: StatedSettings) -> StatedSettings:
+    """A stated output checked before Redis or the output is asked: a URL of no kind cannot be a run's."""
+    if OUTPUT_KEY not in stated.values:
+        return stated
+    return stated.with_value(OUTPUT_KEY, _output_url(stated.values[OUTPUT_KEY], stated.origins[OUTPUT_KEY]))
 
 
 def _validated_run(
-    args: argparse.Namespace,
-    settings: ProducerSettings,
-    client: redis.Redis,
-    run: str,
-    file_values: dict[str, Any],
+    settings: ProducerSettings, client: redis.Redis, run: str, stated: StatedSettings
 ) -> RunSettings:
-    """The run's settings, every value checked, and refused when they differ from the pinned ones."""
+    """The run's settings, stated over pinned or new, refused when they differ from the pinned ones."""
     pinned = pinned_settings(client, run)
-    given = resolve_run_settings(
-        run,
-        pinned=pinned,
-        file_values=file_values,
-        option_values=_enqueue_options(args),
-        default_output=settings.default_output,
-        file_label=str(args.config),
-    )
+    new_run_output = settings.default_output
+    if pinned is None and OUTPUT_KEY not in stated.values:
+        new_run_output = _output_url(
+            new_run_output, f"the default output ({DEFAULT_OUTPUT_ENV} or {DEFAULT_OUTPUT})"
+        )
+    given = resolve(run, pinned=pinned, stated=stated, default_output=new_run_output)
     if pinned is not None:
         check_same_settings(pinned, given)
     return given
@@ -170,11 +161,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     worker_settings = dataclasses.replace(
         WorkerSettings.from_env(), redis_url=chosen_redis_url(args, settings)
     )
-    file_values = read_settings_file(args.config) if args.config else {}
-    check_stated_values(file_values, _enqueue_options(args), file_label=str(args.config))
+    file_values = read_toml(args.config) if args.config else {}
+    stated = _with_output_checked(
+        stated_settings(file_values, stated_options(args), file_label=str(args.config))
+    )
     check_data(args.data)  # a missing file is said before an unreachable Redis: fix both at once
     client = connect_redis(args, settings)
-    given = _validated_run(args, settings, client, run, file_values)
+    given = _validated_run(settings, client, run, stated)
     from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
     from producer.enqueue_processes import enqueue_in_parts, parts_for
     from producer.publisher import BatchPublisher

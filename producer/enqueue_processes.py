@@ -33,13 +33,13 @@ from typing import IO
 import msgspec
 
 from core.records import Prompt
+from core.run_settings.model import RunSettings
 from intake.rejected import RejectedRow
 from producer.enqueue import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
 from producer.errors import ProducerError, Unavailable
 from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
 from workers.state.broker import BrokerOptions
 from workers.state.keys import id_bucket
-from workers.state.runs import RunSettings
 
 PART_CHUNKS_WAITING = 2  # chunks read for a part and not yet taken by it, at most
 PART_POLL_S = 0.5  # how often a wait for a busy part looks whether the part failed meanwhile

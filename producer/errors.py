@@ -25,7 +25,7 @@ The layers below raise their own trees; `as_producer_error` says where each land
   workers Refused                -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
   intake SourceUnavailable       -> InputUnavailable (with the same hint as OutputUnavailable)
   intake SourceError             -> SourceError  (DATA cannot be read at all, found while streaming it)
-  intake SettingsFileError       -> SettingsError
+  core SettingsRefused           -> SettingsError
   workers WorkerError (the rest) -> RunStateBroken (an object a manifest names is missing, a run unreadable)
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, TypeAlias
 
+from core.errors import CoreError
 from core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from intake import errors as intake_errors
 from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
@@ -100,7 +101,7 @@ class RunStateBroken(ProducerError):
     exit_code = EXIT_FAILED
 
 
-LowerError: TypeAlias = "WorkerError | intake_errors.IntakeError | redis.RedisError"
+LowerError: TypeAlias = "WorkerError | intake_errors.IntakeError | CoreError | redis.RedisError"
 """What the layers below raise, each mapped into this tree by `as_producer_error`."""
 
 
@@ -109,7 +110,7 @@ def lower_errors() -> tuple[type[Exception], ...]:
     when an error is being handled, so a command refused before it needs Redis starts without it."""
     import redis
 
-    return (WorkerError, intake_errors.IntakeError, redis.RedisError)
+    return (WorkerError, intake_errors.IntakeError, CoreError, redis.RedisError)
 
 
 def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
@@ -120,9 +121,9 @@ def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
 
     if isinstance(error, intake_errors.SourceUnavailable):
         return InputUnavailable(f"{error}{S3_HINT}")
-    if isinstance(error, intake_errors.SourceError):
-        return SourceError(str(error))
     if isinstance(error, intake_errors.IntakeError):
+        return SourceError(str(error))
+    if isinstance(error, CoreError):
         return SettingsError(str(error))
     if isinstance(error, redis.RedisError):
         return RedisUnavailable(f"Redis at {redacted_url(redis_url)}: {error}")

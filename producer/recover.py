@@ -17,6 +17,7 @@ import msgspec
 import redis
 
 from core.records import DeadLetter
+from core.run_settings.model import RunSettings, differences
 from intake.rows import rejection_key
 from producer.errors import RunNotFound, SettingsError
 from producer.file_numbers import FileNumbers
@@ -29,7 +30,7 @@ from workers.record.reading import read_committed, read_enqueued_chunks, read_re
 from workers.state.keys import ID_BUCKETS, RUNS_KEY, RunKeys, id_bucket
 from workers.state.ledger import RunLedger
 from workers.state.protocol import Scripts
-from workers.state.runs import RunSettings, decode_run_settings, differences, encode_run_settings
+from workers.state.runs import decode_run_settings, encode_run_settings
 
 IDS_PER_COMMAND = 10_000
 LEGACY_HOLDER = b"0"  # an id whose enqueue is not known

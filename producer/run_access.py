@@ -9,13 +9,14 @@ import argparse
 
 import redis
 
+from core.run_settings.model import RunSettings
 from producer.errors import OutputError, RunNotFound, RunStateBroken
 from producer.settings import ProducerSettings
 from workers.errors import RecordUnreadable, UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
 from workers.record.storage import check_output_folder, open_store
 from workers.state.keys import RunKeys
-from workers.state.runs import RunSettings, decode_run_settings
+from workers.state.runs import decode_run_settings
 
 
 def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> str:

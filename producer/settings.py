@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.run_settings.model import DEFAULT_OUTPUT
 from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX, check_environment
 
 DEFAULT_OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
@@ -24,7 +25,7 @@ def default_enqueue_processes() -> int:
 @dataclass(frozen=True)
 class ProducerSettings:
     redis_url: str = DEFAULT_REDIS_URL
-    default_output: str = "./output"
+    default_output: str = DEFAULT_OUTPUT
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProducerSettings:

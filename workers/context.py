@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from core.records import Origin
+from core.run_settings.model import RunSettings
 from inference.client import SGLangClient
 from inference.server_probe import ServerProbe
 from workers.generate.generation import GenerationEngine, RetryPolicy
@@ -28,7 +29,7 @@ from workers.settings import WorkerSettings
 from workers.state.dispatch import Dispatcher
 from workers.state.ledger import gpu_label
 from workers.state.redis_client import connect, retry_briefly
-from workers.state.runs import RunSettings, load_run_settings
+from workers.state.runs import load_run_settings
 
 log = logging.getLogger(__name__)
 

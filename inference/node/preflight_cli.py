@@ -23,6 +23,7 @@ from rich.text import Text
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from core.records import SamplingSettings
+from core.run_settings.options import add_sampling_options, stated_sampling_options
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.node.errors import OptionError
 from inference.node.preflight.judging import Level, Verdict
@@ -31,10 +32,6 @@ from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COU
 from inference.node.preflight.report import PreflightReport, report_to_json
 from inference.node.preflight.run_files import run_prompts, run_sampling
 from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
-from inference.sampling_options import (
-    SAMPLING_OPTION_NAMES,
-    add_sampling_options,
-)
 
 REPORT_WIDTH_COLUMNS = 120
 """Width of the report when stdout is not a terminal (a file, a pipe, CI logs)."""
@@ -105,7 +102,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
     """Defaults, then the TOML file, then the options: the layering `enqueue` uses for a new run."""
-    return run_sampling(args.config, {name: getattr(args, name) for name in SAMPLING_OPTION_NAMES})
+    return run_sampling(args.config, stated_sampling_options(args))
 
 
 def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 
 import msgspec
 
+from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts
 from producer.export.records import ExportRecord
 from producer.export.shards import SHARDS_PREFIX, Compression
-from workers.state.runs import RunSettings
 
 # Hugging Face's size categories: (upper bound, label); the last one has no bound.
 SIZE_CATEGORIES: tuple[tuple[int, str], ...] = (

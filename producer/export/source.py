@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import msgspec
 
 from core.records import Completion
+from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts, decode_facts
 from producer.export.errors import ExportError
 from producer.recover import read_run_settings
@@ -19,7 +20,6 @@ from workers.errors import ObjectMissing
 from workers.record.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
 from workers.record.object_store import ObjectStore
 from workers.record.parquet_io import read_completions
-from workers.state.runs import RunSettings
 
 
 class RunOutput:

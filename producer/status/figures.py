@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from core.records import Quality
+from core.run_settings.model import RunSettings
 from producer.status.model import (
     Cost,
     Eta,
@@ -22,7 +23,6 @@ from producer.status.model import (
 from workers.state.gate_reading import DROPPED_TRUNCATIONS, GateReading
 from workers.state.heartbeats import WorkerHeartbeat
 from workers.state.queues import GENERATE_QUEUE
-from workers.state.runs import RunSettings
 from workers.state.stats_fields import (
     COMPLETIONS,
     DEAD_PREFIX,

@@ -38,6 +38,7 @@ import msgspec
 import redis
 
 from core.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
+from core.run_settings.model import RunSettings
 from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue_processes import dealt
@@ -93,7 +94,6 @@ from workers.state.queues import (
     RESUMED_BATCH_PRIORITY,
     queue_lists,
 )
-from workers.state.runs import RunSettings
 
 RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED, POISON = "answered", "refused", "unanswered", "dead-lettered as poison"

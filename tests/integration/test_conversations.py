@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from core.records import Completion, DeadLetter, Quality
+from core.run_settings.model import QualityGate
 from devstack.local_stack import wait_until
 from inference.simulator import RequestRecord, SimulatorProcess
 from tests.support import prompt_files
@@ -22,7 +23,6 @@ from tests.support.stack import Stack, simulators_running
 from workers.state import stats_fields
 from workers.state.gate_reading import read_gate
 from workers.state.ledger import RunLedger
-from workers.state.runs import QualityGate
 from workers.state.stats_fields import COMPLETION_TOKENS, COMPLETIONS, quality_field
 
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from core.records import PromptBatch, SamplingSettings, Turns, Usage
+from core.run_settings.model import RunSettings
 from devstack.local_stack import wait_until
 from intake.reading import iter_prompts
 from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
@@ -37,7 +38,6 @@ from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 RUN = "enqueue-test"

@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from core.records import Prompt, PromptBatch, SamplingSettings
+from core.run_settings.model import RunSettings
 from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
@@ -30,7 +31,6 @@ from workers.state.keys import RunKeys
 from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 BATCH_SIZE = 4  # chunks of 128 rows: a few hundred rows make many chunks for every part

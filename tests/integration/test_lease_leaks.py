@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from core.records import Origin, Prompt, SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
@@ -31,7 +32,6 @@ from workers.recovery.leases import Acquired, LeaseKeeper
 from workers.settings import WorkerSettings
 from workers.state.keys import RunKeys
 from workers.state.protocol import LIBRARY
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

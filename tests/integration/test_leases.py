@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from devstack.local_stack import free_port, start_redis
 from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
@@ -27,7 +28,6 @@ from workers.state.kombu_layout import reserved_generate_batches, waiting_genera
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, queue_lists
 from workers.state.redis_client import redis_now_s
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

@@ -18,6 +18,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from devstack.local_stack import flower_process, free_port, http_ok, wait_until
 from producer.enqueue import Enqueuer, pin_settings
 from producer.recover import write_run_settings
@@ -51,7 +52,6 @@ from workers.state.queues import (
     KOMBU_UNACKED_KEY,
     UPLOAD_QUEUE,
 )
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

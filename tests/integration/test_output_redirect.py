@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.recover import write_run_settings
 from tests.support.records import completion
 from workers.record.manifest import read_manifest
@@ -17,7 +18,7 @@ from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
 from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause_state, resume
 from workers.state.ledger import RunLedger
-from workers.state.runs import RunSettings, encode_run_settings, load_run_settings
+from workers.state.runs import encode_run_settings, load_run_settings
 
 pytestmark = pytest.mark.integration
 RUN = "pinned"

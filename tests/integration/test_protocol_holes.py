@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from core.records import DeadLetter, PromptBatch, SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
 from producer.gc import collect_orphans
@@ -43,7 +44,6 @@ from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.record_limits import RECORD_LIMIT_BYTES
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

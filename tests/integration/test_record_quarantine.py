@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from core.records import DeadLetter, Origin, Prompt, PromptBatch, SamplingSettings
+from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
 from producer.enqueue import Enqueuer, pin_settings
 from producer.gc import collect_orphans
@@ -46,7 +47,6 @@ from workers.state.keys import SERVERS_KEY, RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.record_limits import RECORD_LIMIT_BYTES, batch_body_limit_bytes
 from workers.state.redis_client import redis_now_s
-from workers.state.runs import RunSettings
 
 if sys.version_info >= (3, 14):
     from compression import zstd

@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from core.records import DeadLetter, DeadLetterReason, Quality, SamplingSettings
+from core.run_settings.model import QualityGate, RunSettings
 from devstack.local_stack import (
     PROJECT_ROOT,
     celery_command,
@@ -48,7 +49,6 @@ from workers.state.keys import RunKeys, seat_channel, seat_key, worker_exit_note
 from workers.state.ledger import RunLedger
 from workers.state.poison import Suspicion
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
-from workers.state.runs import QualityGate, RunSettings
 
 pytestmark = pytest.mark.integration
 

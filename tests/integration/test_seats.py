@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from devstack.local_stack import RedisProcess, free_port, redis_process, start_redis
 from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
@@ -20,7 +21,6 @@ from workers.recovery.leases import Acquired, LeaseKeeper
 from workers.recovery.reconciler import Reconciler, ReconcileSettings
 from workers.recovery.seat import Seat
 from workers.state.redis_client import connect
-from workers.state.runs import RunSettings
 
 pytestmark = pytest.mark.integration
 

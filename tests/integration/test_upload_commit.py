@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from core.records import DeadLetter, SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.gc import collect_orphans
 from producer.recover import recover_run, write_run_settings
 from producer.verify import verify_run
@@ -22,7 +23,7 @@ from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
 from workers.state.ledger import RunLedger
-from workers.state.runs import RunSettings, encode_run_settings, load_run_settings
+from workers.state.runs import encode_run_settings, load_run_settings
 
 pytestmark = pytest.mark.integration
 RUN = "upload-test"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from core.records import Origin, Quality, SamplingSettings
+from core.run_settings.model import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 from inference.client import SGLangClient
 from inference.client_settings import ClientSettings
 from inference.errors import InferenceUnavailable
@@ -17,7 +18,6 @@ from tests.support import sse
 from tests.support.handover import Recorder
 from tests.support.records import prompt
 from workers.generate.generation import CONTEXT_HEADROOM_TOKENS, GenerationEngine, RetryPolicy, Truncation
-from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 SERVE_CONTEXT_TOKENS = 40_960  # the README's `serve --context-length`
 SMALL_CONTEXT_TOKENS = 2_048  # small enough for a whole retry ladder to run in a moment

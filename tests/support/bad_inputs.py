@@ -16,10 +16,11 @@ import redis
 
 from core.exit_codes import EXIT_OK
 from core.records import DeadLetter, DeadLetterReason, SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.cli import main
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.runs import RunSettings, encode_run_settings
+from workers.state.runs import encode_run_settings
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"  # the run every case names unless it says otherwise

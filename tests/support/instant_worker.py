@@ -10,12 +10,12 @@ from concurrent.futures import Future
 import redis
 
 from core.records import Origin, Prompt, SamplingSettings
+from core.run_settings.model import RunSettings
 from tests.support.records import completion
 from workers.generate.batches import BatchReport, handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.recovery.leases import LeaseKeeper
 from workers.settings import WorkerSettings
-from workers.state.runs import RunSettings
 
 LABEL = "node-a/gpu0"
 ORIGIN = Origin(host="node-a", gpu=0, server_url="http://instant")

@@ -9,11 +9,12 @@ from pathlib import Path
 import msgspec
 
 from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
+from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts, encode_facts, facts_id
 from workers.record.manifest import ManifestEntry, data_key, encode_entry, manifest_key, server_key
 from workers.record.parquet_io import completions_to_parquet
 from workers.record.storage import FolderStore
-from workers.state.runs import RunSettings, encode_run_settings
+from workers.state.runs import encode_run_settings
 
 IM_START, IM_END, THINK_OPEN, THINK_CLOSE, NEWLINE = 151644, 151645, 151667, 151668, 198
 WORD_ID = 1000

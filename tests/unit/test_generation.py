@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from core.records import Completion, Message, Origin, Quality, SamplingSettings, Usage
+from core.run_settings.model import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
@@ -26,7 +27,6 @@ from workers.generate.generation import (
     RetryPolicy,
     Truncation,
 )
-from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 WINDOW = 4
 WAIT_S = 10.0

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import OutputPin, output_pin_mismatch
 from workers.record.storage import open_store
 from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause_state
 from workers.state.keys import RunKeys
-from workers.state.runs import RunSettings, encode_run_settings
+from workers.state.runs import encode_run_settings
 
 RUN = "pinned-run"
 

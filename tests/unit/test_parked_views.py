@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from core.records import SamplingSettings
+from core.run_settings.model import RunSettings
 from producer.cli import main as producer_main
 from producer.enqueue import pin_settings
 from producer.metrics_exporter import DraftgenCollector
@@ -18,7 +19,6 @@ from producer.status.gather import gather_status
 from workers.errors import MalformedMessage
 from workers.state.parked_messages import ParkedCount, park, parked_message
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
-from workers.state.runs import RunSettings
 
 RUN = "parked-views"
 PARKED_METRIC = "draftgen_parked_messages"

@@ -22,6 +22,7 @@ from core.records import (
     Turns,
     Usage,
 )
+from core.run_settings.model import TruncationPolicy
 from devstack.local_stack import wait_until
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import InferenceRejected
@@ -29,7 +30,6 @@ from intake.rows import parse_row
 from tests.support.handover import Recorder
 from tests.support.records import completion
 from workers.generate.generation import BatchJob, GenerationEngine, RetryPolicy, Truncation
-from workers.state.runs import TruncationPolicy
 
 WAIT_S = 10.0
 MARKER = "ORIGINAL-ASSISTANT"

@@ -29,11 +29,11 @@ from workers.state.record_limits import batch_body_limit_bytes
 if TYPE_CHECKING:
     import threading
 
+    from core.run_settings.model import RunSettings
     from workers.generate.generation import GenerationEngine
     from workers.generate.server_record import ServerRecord
     from workers.generate.tails import BatchTails
     from workers.recovery.leases import LeaseKeeper
-    from workers.state.runs import RunSettings
 
 
 class BatchWorkerSettings(Protocol):

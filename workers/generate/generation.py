@@ -39,6 +39,7 @@ from core.records import (
     Timings,
     Turn,
 )
+from core.run_settings.model import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 from inference.chat_stream import ChatResult, ProgressCallback
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
 from inference.quality import label_completion
@@ -52,7 +53,6 @@ from workers.generate.turn_saves import TurnSaves
 from workers.generate.window import InFlightWindow
 from workers.state.ledger import gpu_label
 from workers.state.poison import Evidence, PoisonPolicy, TrialEnded, Verdict, describe
-from workers.state.runs import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import redis
 
+from core.run_settings.model import QualityGate
 from workers.state.control import PAUSED_BY_GATE, pause
 from workers.state.gate_reading import read_gate
-from workers.state.runs import QualityGate
 
 
 def check_quality_gate(client: redis.Redis, run: str, gate: QualityGate) -> str | None:

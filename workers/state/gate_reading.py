@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import redis
 
 from core.records import DeadLetterReason, Quality
+from core.run_settings.model import QualityGate
 from workers.state.keys import RunKeys
-from workers.state.runs import QualityGate
 from workers.state.stats_fields import COMPLETIONS, TURNS, dead_field, generated_turns, quality_field
 
 DROPPED_TRUNCATIONS = dead_field(DeadLetterReason.TRUNCATED_IN_THINKING)

@@ -1,7 +1,7 @@
 """A run's own files for preflight: `--config run.toml` and `--prompts DATA`, read as `enqueue` reads them.
 
-The reading is intake's (intake/run_file.py and intake/reading.py), the same code `enqueue` runs, so a
-verdict on these files is a verdict on what the run will send; its refusals become option errors here.
+The reading is the same code `enqueue` runs (core/run_settings/ and intake/reading.py), so a verdict on
+these files is a verdict on what the run will send; its refusals become option errors here.
 """
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.errors import SettingsRefused
 from core.records import SamplingSettings
+from core.run_settings.layers import read_toml, stated_settings
 from inference.node.errors import OptionError
 from inference.node.preflight.prompts import PreflightPrompt
-from intake.errors import IntakeError, SourceError
+from intake.errors import SourceError
 from intake.rejected import RejectedRow
-from intake.run_file import read_toml, stated_sampling
 
 
 def run_sampling(config: Path | None, options: Mapping[str, Any]) -> SamplingSettings:
     """The sampling `enqueue` would pin for a new run: defaults, then the file, then the options given."""
     try:
-        if config is None:
-            return stated_sampling({}, options)
-        return stated_sampling(read_toml(config), options, file_label=str(config))
-    except IntakeError as error:
+        file_values = {} if config is None else read_toml(config)
+        return stated_settings(file_values, options, file_label=str(config)).sampling()
+    except SettingsRefused as error:
         raise OptionError(str(error)) from error
 
 

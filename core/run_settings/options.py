@@ -1,0 +1,114 @@
+"""The command-line options of a run's settings: the sampling ones shared by `producer enqueue` and
+`inference preflight`, the rest `enqueue`'s. Each option is named by its key (keys.py) and stores under the
+key's name, so what a parser read is `stated_options(args, names)` as it stands; all default to None
+(unstated)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from core.records import Turns
+from core.run_settings.keys import KEYS, SAMPLING_NAMES
+from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, QualityGate, TruncationPolicy
+
+GATE = QualityGate()
+
+
+def _add(group: argparse._ArgumentGroup, name: str, **options: Any) -> None:
+    group.add_argument(KEYS[name].flag, dest=name, **options)
+
+
+def add_sampling_options(
+    parser: argparse.ArgumentParser, *, title: str, thinking_help: str, seed_help: str
+) -> argparse._ArgumentGroup:
+    """`--config` and one option per sampling setting."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--config", type=Path, help="the run's TOML file (options override it)")
+    _add(group, "model", help="model name sent in every request (the server's served name)")
+    _add(group, "temperature", type=float)
+    _add(group, "top_p", type=float)
+    _add(group, "top_k", type=int)
+    _add(group, "min_p", type=float)
+    _add(group, "max_tokens", type=int, help="budget including thinking")
+    _add(group, "enable_thinking", action=argparse.BooleanOptionalAction, default=None, help=thinking_help)
+    _add(group, "seed", type=int, help=seed_help)
+    return group
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Every setting a run pins: the sampling ones, the batch, the output, turns, the dataset's columns
+    and the data quality policy."""
+    group = add_sampling_options(
+        parser,
+        title="generation settings (pinned at the run's first enqueue)",
+        thinking_help="chat_template_kwargs.enable_thinking (default on)",
+        seed_help="recorded; SGLang honours it only with deterministic inference",
+    )
+    _add(
+        group,
+        "batch_size",
+        type=int,
+        help="requests per message: prompts, a conversation counting its turns "
+        f"(default {DEFAULT_BATCH_SIZE})",
+    )
+    _add(group, "output_url", help=f"s3://bucket/prefix or a folder (default {DEFAULT_OUTPUT})")
+    _add(
+        group,
+        "turns",
+        choices=[turns.value for turns in Turns],
+        help="conversations: all (default) regenerates every assistant turn in order, each request "
+        "holding the answers regenerated before it; last answers only the last user turn, the history "
+        "as the dataset gives it",
+    )
+    columns = parser.add_argument_group(
+        "your dataset's columns (pinned; default: messages or conversations, else prompt; system; "
+        "id, custom_id or uuid)"
+    )
+    _add(columns, "prompt_field", metavar="NAME", help="the column of one user prompt's text")
+    _add(
+        columns,
+        "messages_field",
+        metavar="NAME",
+        help="the column of a list of turns ({role, content} or ShareGPT {from, value})",
+    )
+    _add(columns, "system_field", metavar="NAME", help="a system prompt's")
+    _add(columns, "id_field", metavar="NAME", help="each row's own id's")
+    quality = parser.add_argument_group("data quality (pinned too)")
+    _add(
+        quality,
+        "truncated_thinking",
+        choices=[policy.value for policy in TruncationPolicy],
+        help="completions whose thinking hit max_tokens: keep (default), drop (dead-letter), "
+        "or retry with double the budget up to --retry-max-tokens-cap",
+    )
+    _add(quality, "retry_max_tokens_cap", type=int)
+    _add(
+        quality,
+        "gate_min_completions",
+        type=int,
+        help=f"judge after this many (default {GATE.min_completions})",
+    )
+    _add(
+        quality,
+        "gate_max_empty_answer_rate",
+        type=float,
+        help=f"pause above (default {GATE.max_empty_answer_rate})",
+    )
+    _add(
+        quality,
+        "gate_max_truncated_rate",
+        type=float,
+        help=f"pause above (default {GATE.max_truncated_rate})",
+    )
+
+
+def stated_options(args: argparse.Namespace, names: Iterable[str] = KEYS) -> dict[str, Any]:
+    """The settings a parser read, by name (None where the option was not given)."""
+    return {name: getattr(args, name) for name in names}
+
+
+def stated_sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    return stated_options(args, SAMPLING_NAMES)
