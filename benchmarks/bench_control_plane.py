@@ -92,7 +92,7 @@ def main() -> int:
         workers.append(start_celery_worker("cp-up", "upload", worker_env(redis_url), logs, concurrency=1))
         try:
             settings = RunSettings(
-                run="cp", sampling=SamplingSettings(max_tokens=256), output_url=(logs / "out").as_uri()
+                run="cp", sampling=SamplingSettings(max_tokens=256), output=(logs / "out").as_uri()
             )
             client.config_resetstat()
             cpu_before = redis_cpu_s(client)

@@ -179,7 +179,7 @@ def pipeline_run(
     uploader = start_celery_worker(f"bench-{run}-up", "upload", worker_env(redis_url), logs, concurrency=1)
     try:
         settings = RunSettings(
-            run=run, sampling=SAMPLING, output_url=(logs / run).as_uri(), batch_size=batch_size
+            run=run, sampling=SAMPLING, output=(logs / run).as_uri(), batch_size=batch_size
         )
         enqueue_run(client, redis_url, settings, prompts)
         ledger = RunLedger(client, run)

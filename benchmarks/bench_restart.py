@@ -108,7 +108,7 @@ def one_run(
     sim.admin.reset_requests()
     killed_at: float | None = None
     try:
-        settings = RunSettings(run=name, sampling=SAMPLING, output_url=(logs / name).as_uri())
+        settings = RunSettings(run=name, sampling=SAMPLING, output=(logs / name).as_uri())
         started = time.monotonic()
         enqueue_run(client, redis_url, settings, prompts)
         ledger = RunLedger(client, name)
@@ -135,7 +135,7 @@ def one_run(
     records = sim.admin.requests()
     ok = Counter(r.rid.split(":")[1] for r in records if r.status == "ok" and r.rid.startswith(f"{name}:"))
     print(f"{name}: requests {dict(Counter(r.status for r in records))}", file=sys.stderr)
-    report = verify_run(open_store(settings.output_url), name, client)
+    report = verify_run(open_store(settings.output), name, client)
     return Outcome(
         name=name,
         wall_s=wall_s,

@@ -63,7 +63,7 @@ from core.run_settings.model import RunSettings
 
 url, label = sys.argv[1], sys.argv[2]
 client = connect(url)
-settings = RunSettings(run="cut", sampling=SamplingSettings(), output_url="file:///tmp/cut", batch_size=1)
+settings = RunSettings(run="cut", sampling=SamplingSettings(), output="file:///tmp/cut", batch_size=1)
 pin_settings(client, settings)
 batches = []
 one = Prompt(id="p0", messages=[Message(role="user", content="a question")])

@@ -61,9 +61,7 @@ def run_to_end(
 ) -> None:
     """Enqueue `prompts` as run `run` (its output a folder under `logs`) and wait until none is left."""
     client = redis.Redis.from_url(redis_url)
-    settings = RunSettings(
-        run=run, sampling=sampling, output_url=(logs / run).as_uri(), batch_size=batch_size
-    )
+    settings = RunSettings(run=run, sampling=sampling, output=(logs / run).as_uri(), batch_size=batch_size)
     enqueue_run(client, redis_url, settings, prompts)
     ledger = RunLedger(client, run)
     wait_until(lambda: ledger.counts().remaining == 0, timeout_s=RUN_TIMEOUT_S, what=f"{run} to finish")

@@ -11,7 +11,7 @@ from core.records import Prompt
 from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
-from producer.recover import write_run_settings
+from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
@@ -38,7 +38,7 @@ def enqueue_run(
     """Pin the settings, write the output's run.json (the uploader checks it before writing) and enqueue,
     publishing to the Redis at `redis_url` (the client's)."""
     pinned = pin_settings(client, settings)
-    write_run_settings(open_store(pinned.output_url), pinned)
+    write_run_json(open_store(pinned.output), pinned)
     publisher = BatchPublisher(sending_app(WorkerSettings(redis_url=redis_url).broker))
     try:
         Enqueuer(client, pinned, publisher, source=BENCH_SOURCE).enqueue(prompts)

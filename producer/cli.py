@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--run", required=True)
     verify.add_argument(
         "--output",
-        dest="output_url",
+        dest="output",
         default=None,
         help="prove it from this output (folder or s3://) alone, without Redis",
     )
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recover.add_argument("--run", required=True)
     recover.add_argument(
-        "--output", dest="output_url", required=True, help="the run's s3://bucket/prefix or folder"
+        "--output", dest="output", required=True, help="the run's s3://bucket/prefix or folder"
     )
     recover.set_defaults(handler=Deferred("producer.commands", "cmd_recover"))
 

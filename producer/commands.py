@@ -18,7 +18,7 @@ from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.verify import describe, verify_run
 from workers.record.manifest import committed_locations
-from workers.record.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output, open_store
 from workers.state.keys import check_run_name
 from workers.state.protocol import LIBRARY
 
@@ -26,13 +26,13 @@ from workers.state.protocol import LIBRARY
 def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
     run = check_run_name(args.run)
-    if args.output_url is not None:  # the object store alone
-        store = checked_output_store(normalise_output_url(args.output_url))
+    if args.output is not None:  # the object store alone
+        store = checked_output_store(normalise_output(args.output))
         read_run_settings(store, run)  # an output of another run is refused
         report = verify_run(store, run, on_entry=ProgressLines("verified manifest entries").update)
     else:
         client = connect_redis(args, settings)
-        store = open_store(require_run(client, run).output_url)
+        store = open_store(require_run(client, run).output)
         report = verify_run(store, run, client, on_entry=ProgressLines("verified manifest entries").update)
     print(f"run {run}: {store.url}")
     for line in describe(report):
@@ -43,7 +43,7 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
 def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
     run = check_run_name(args.run)
-    store = checked_output_store(normalise_output_url(args.output_url))
+    store = checked_output_store(normalise_output(args.output))
     client = connect_redis(args, settings)
     report = recover_run(client, store, run)
     restored = "restored from run.json" if report.settings_restored else "already pinned, the same"
@@ -61,7 +61,7 @@ def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
 def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     pinned = require_run(client, check_run_name(args.run))
-    for location in committed_locations(pinned.output_url):
+    for location in committed_locations(pinned.output):
         print(location)
     return EXIT_OK
 
@@ -69,7 +69,7 @@ def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:
 def cmd_gc(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     pinned = require_run(client, check_run_name(args.run))
-    report = collect_orphans(open_store(pinned.output_url), dry_run=args.dry_run)
+    report = collect_orphans(open_store(pinned.output), dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(report.removed)} orphans ({report.bytes_removed} bytes)")
     for key in report.removed:

@@ -26,12 +26,12 @@ from producer.errors import (
     SourceError,
 )
 from producer.progress_lines import ProgressLines
-from producer.recover import write_run_settings
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
-from producer.settings import DEFAULT_OUTPUT_ENV, ProducerSettings
+from producer.settings import OUTPUT_ENV, ProducerSettings
 from workers.errors import UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
-from workers.record.storage import normalise_output_url
+from workers.record.output_pin import write_run_json
+from workers.record.storage import normalise_output
 from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
 from workers.state.keys import check_run_name
@@ -114,10 +114,10 @@ def _warn_when_most_rows_rejected(report: EnqueueReport, run: str) -> None:
         )
 
 
-def _output_url(url: str, where: str) -> str:
+def _output(url: str, where: str) -> str:
     """The output as the run pins it (a folder as an absolute file:// URL), or OutputError naming where."""
     try:
-        return normalise_output_url(url)
+        return normalise_output(url)
     except UnsupportedStoreUrl as error:
         raise OutputError(f"{where}: {error}") from error
 
@@ -126,7 +126,7 @@ def _with_output_checked(stated: StatedSettings) -> StatedSettings:
     """A stated output checked before Redis or the output is asked: a URL of no kind cannot be a run's."""
     if OUTPUT_KEY not in stated.values:
         return stated
-    return stated.with_value(OUTPUT_KEY, _output_url(stated.values[OUTPUT_KEY], stated.origins[OUTPUT_KEY]))
+    return stated.with_value(OUTPUT_KEY, _output(stated.values[OUTPUT_KEY], stated.origins[OUTPUT_KEY]))
 
 
 def _validated_run(
@@ -134,12 +134,10 @@ def _validated_run(
 ) -> RunSettings:
     """The run's settings, stated over pinned or new, refused when they differ from the pinned ones."""
     pinned = pinned_settings(client, run)
-    new_run_output = settings.default_output
+    new_run_output = settings.output
     if pinned is None and OUTPUT_KEY not in stated.values:
-        new_run_output = _output_url(
-            new_run_output, f"the default output ({DEFAULT_OUTPUT_ENV} or {DEFAULT_OUTPUT})"
-        )
-    given = resolve(run, pinned=pinned, stated=stated, default_output=new_run_output)
+        new_run_output = _output(new_run_output, f"the default output ({OUTPUT_ENV} or {DEFAULT_OUTPUT})")
+    given = resolve(run, pinned=pinned, stated=stated, new_run_output=new_run_output)
     if pinned is not None:
         check_same_settings(pinned, given)
     return given
@@ -149,7 +147,7 @@ def _write_output_settings(store: ObjectStore, settings: RunSettings) -> None:
     """run.json beside the data: proves the output is writable, and no other run's, before anything is
     pinned."""
     try:
-        write_run_settings(store, settings)
+        write_run_json(store, settings)
     except OSError as error:
         raise OutputError(f"--output {store.url}: cannot write there: {error}") from error
 
@@ -179,7 +177,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     rows = ProgressLines(f"read rows of {args.data}").counted(prompts)
     items = _with_first_prompt(rows, args.data)  # a missing, empty or all-rejected input fails here
     items, parts = parts_for(items, args.processes)
-    store = checked_output_store(given.output_url)
+    store = checked_output_store(given.output)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
     started_s = redis_now_s(client)  # batches dispatched before this are the ones a re-run checks
@@ -196,7 +194,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
             )
     finally:
         publisher.close()
-    print(f"run {run}: output {pinned.output_url}")
+    print(f"run {run}: output {pinned.output}")
     _print_enqueue_report(report)
     if parts > 1:
         print(f"processes           {parts} (each classified, claimed and published its share of the ids)")

@@ -39,7 +39,7 @@ def enqueue_part(start: PartStart) -> PartOutcome:
     spec = start.spec
     publisher = BatchPublisher(sending_app(spec.broker))
     try:
-        store = open_store(spec.output_url) if spec.output_url else None
+        store = open_store(spec.output) if spec.output else None
         client = redis.Redis.from_url(spec.redis_url)
         enqueuer = Enqueuer(client, spec.settings, publisher, source=spec.source, store=store)
         return PartOutcome(report=enqueuer.enqueue_part(start.session, received_chunks(sys.stdin.buffer)))

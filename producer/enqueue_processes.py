@@ -63,7 +63,7 @@ class PartSpec(msgspec.Struct, frozen=True):
     broker: BrokerOptions
     settings: RunSettings
     source: str
-    output_url: str | None
+    output: str | None
 
 
 class PartStart(msgspec.Struct, frozen=True):
@@ -252,13 +252,13 @@ def enqueue_in_parts(
     """Enqueue `items` as `enqueuer`'s enqueue, in `parts` processes (see the module docstring), each
     reaching Redis at `redis_url` and the broker with `broker`. Raises what a part raised (the first), once
     every part has stopped."""
-    output_url = enqueuer.store.url if enqueuer.store is not None else None
+    output = enqueuer.store.url if enqueuer.store is not None else None
     spec = PartSpec(
         redis_url=redis_url,
         broker=broker,
         settings=enqueuer.settings,
         source=enqueuer.source,
-        output_url=output_url,
+        output=output,
     )
     with enqueuer.holding_lease():
         interrupted = False

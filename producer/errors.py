@@ -22,7 +22,8 @@ The layers below raise their own trees; `as_producer_error` says where each land
   redis.RedisError               -> RedisUnavailable
   workers StoreUnavailable       -> OutputUnavailable
   workers RetryLater (any other) -> Unavailable
-  workers Refused                -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
+  workers OutputTaken            -> OutputError  (the output holds another run's run.json)
+  workers Refused (the rest)     -> UsageError   (a run name, an output URL, a key, a DRAFTGEN_* variable)
   intake SourceUnavailable       -> InputUnavailable (with the same hint as OutputUnavailable)
   intake SourceError             -> SourceError  (DATA cannot be read at all, found while streaming it)
   core SettingsRefused           -> SettingsError
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeAlias
 from core.errors import CoreError
 from core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from intake import errors as intake_errors
-from workers.errors import Refused, RetryLater, StoreUnavailable, WorkerError
+from workers.errors import OutputTaken, Refused, RetryLater, StoreUnavailable, WorkerError
 
 if TYPE_CHECKING:
     import redis
@@ -132,6 +133,8 @@ def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
         return OutputUnavailable(f"{message}{S3_HINT if 's3://' in message else ''}")
     if isinstance(error, RetryLater):
         return Unavailable(message)
+    if isinstance(error, OutputTaken):
+        return OutputError(message)
     if isinstance(error, Refused):
         return UsageError(message)
     return RunStateBroken(message)

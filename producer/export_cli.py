@@ -41,7 +41,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--format", required=True, choices=[f.value for f in ExportFormat])
     parser.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
     parser.add_argument(
-        "--output", dest="output_url", help="the run's output (folder or s3://); default: asked of Redis"
+        "--output", dest="output", help="the run's output (folder or s3://); default: asked of Redis"
     )
     parser.add_argument(
         "--include",

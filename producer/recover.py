@@ -26,6 +26,7 @@ from workers.errors import ObjectMissing, RecordUnreadable
 from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry
 from workers.record.object_store import ObjectStore
+from workers.record.output_pin import run_json_of
 from workers.record.reading import read_committed, read_enqueued_chunks, read_rejections
 from workers.state.keys import ID_BUCKETS, RUNS_KEY, RunKeys, id_bucket
 from workers.state.ledger import RunLedger
@@ -48,34 +49,13 @@ class RecoverReport:
     rejected_rows: int = 0
 
 
-def check_output_belongs_to(store: ObjectStore, run: str) -> None:
-    """An output belongs to one run: one holding another run's settings is refused (SettingsError)."""
+def read_run_settings(store: ObjectStore, run: str) -> RunSettings:
+    """Run `run`'s settings as its output's run.json holds them (RunNotFound without one; OutputTaken when
+    the output is another run's)."""
     try:
-        existing = decode_run_settings(store.get(SETTINGS_KEY))
-    except ObjectMissing:
-        return
-    if existing.run != run:
-        raise SettingsError(
-            f"{store.url} holds the output of run {existing.run!r}; an output belongs to one run: "
-            f"give run {run!r} an --output of its own"
-        )
-
-
-def write_run_settings(store: ObjectStore, settings: RunSettings) -> None:
-    """Keep the run's settings beside its data (idempotent: the same bytes every time)."""
-    check_output_belongs_to(store, settings.run)
-    store.put(SETTINGS_KEY, encode_run_settings(settings))
-
-
-def read_run_settings(store: ObjectStore, run: str | None = None) -> RunSettings:
-    """The output's run.json; given `run`, an output of another run is refused (SettingsError)."""
-    try:
-        settings = decode_run_settings(store.get(SETTINGS_KEY))
+        return run_json_of(store, run)
     except ObjectMissing as error:
         raise RunNotFound(f"{store.url} holds no {SETTINGS_KEY}: is this a run's output?") from error
-    if run is not None and settings.run != run:
-        raise SettingsError(f"{store.url} belongs to run {settings.run!r}, not {run!r}")
-    return settings
 
 
 def _restore_records(

@@ -29,10 +29,10 @@ def register(commands: Any) -> None:
     )
     report.add_argument(
         "--output",
-        dest="output_url",
+        dest="output",
         help="read the committed output here (a folder, file:// or s3://) instead of the run's pinned "
         "output; Redis is then optional (without it the dead letters are unknown)",
     )
     # The name this option had before every command called it --output: kept so old scripts still work.
-    report.add_argument("--store", dest="output_url", help=argparse.SUPPRESS)
+    report.add_argument("--store", dest="output", help=argparse.SUPPRESS)
     report.set_defaults(handler=Deferred("producer.report_command", "cmd_report"))

@@ -17,7 +17,7 @@ from producer.report import compute_figures, dead_letters_by_reason
 from producer.report_cli import DEFAULT_REPORTS_DIR
 from producer.run_access import pinned_settings
 from producer.settings import ProducerSettings
-from workers.record.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output, open_store
 from workers.state.keys import check_run_name
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
@@ -29,7 +29,7 @@ def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, 
     pinned = pinned_settings(client, run)
     if pinned is None:
         return None, None
-    return pinned.output_url, dead_letters_by_reason(client, run)
+    return pinned.output, dead_letters_by_reason(client, run)
 
 
 def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
@@ -44,14 +44,14 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
     try:
         pinned_url, dead_letters = _run_in_redis(client, run)
     except redis.RedisError as error:
-        if args.output_url is None:
+        if args.output is None:
             raise RunNotFound(f"cannot read run {run!r} from Redis ({error}): pass --output URL") from error
         pinned_url, dead_letters = None, None
     finally:
         client.close()
-    if args.output_url is None and pinned_url is None:
+    if args.output is None and pinned_url is None:
         raise RunNotFound(f"no run named {run!r} in Redis: pass --output URL to report on an output directly")
-    store_url = normalise_output_url(args.output_url) if args.output_url is not None else str(pinned_url)
+    store_url = normalise_output(args.output) if args.output is not None else str(pinned_url)
     figures = compute_figures(
         open_store(store_url), run, dead_letters=dead_letters, on_object=ProgressLines("read objects").update
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from core.run_settings.model import DEFAULT_OUTPUT
 from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX, check_environment
 
-DEFAULT_OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
+OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
 REDIS_URL_ENV = ENV_PREFIX + "REDIS_URL"
 MAX_ENQUEUE_PROCESSES = 16  # each holds its own Redis and broker connections
 PROCESSES_MIN_ROWS = 20_000  # a smaller input enqueues in one process sooner than processes start
@@ -25,7 +25,7 @@ def default_enqueue_processes() -> int:
 @dataclass(frozen=True)
 class ProducerSettings:
     redis_url: str = DEFAULT_REDIS_URL
-    default_output: str = DEFAULT_OUTPUT
+    output: str = DEFAULT_OUTPUT  # OUTPUT_ENV: the output of a new run that states none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProducerSettings:
@@ -33,5 +33,5 @@ class ProducerSettings:
         check_environment(source)  # a mistyped DRAFTGEN_* variable is refused, naming the nearest one
         return cls(
             redis_url=source.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL,
-            default_output=source.get(DEFAULT_OUTPUT_ENV) or cls.default_output,
+            output=source.get(OUTPUT_ENV) or cls.output,
         )

@@ -27,7 +27,7 @@ from producer.status.model import RunStatus
 from producer.status_parsers import LISTED_KINDS, PRICE_ENV
 from producer.status_view import clock, render_status, status_line
 from workers.errors import RecordUnreadable
-from workers.record.storage import normalise_output_url, open_store
+from workers.record.storage import normalise_output, open_store
 from workers.state.codec import decode_json
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name
@@ -167,11 +167,11 @@ def rejects_from_redis(client: redis.Redis, run: str) -> RejectsListing:
     return _sorted_listing(run, rejected, dead)
 
 
-def rejects_from_output(output_url: str, run: str) -> RejectsListing:
+def rejects_from_output(output: str, run: str) -> RejectsListing:
     """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
     from workers.record.reading import read_committed, read_rejections
 
-    store = open_store(normalise_output_url(output_url))
+    store = open_store(normalise_output(output))
     rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]
     return _sorted_listing(run, rejected, list(read_committed(store, completions=False).dead.values()))
 
@@ -204,8 +204,8 @@ def describe_rejects(listing: RejectsListing, kinds: tuple[str, ...] = LISTED_KI
 
 def cmd_rejects(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
-    if args.output_url is not None:
-        listing = rejects_from_output(args.output_url, run)
+    if args.output is not None:
+        listing = rejects_from_output(args.output, run)
     else:
         client = connect_redis(args, settings)
         if not client.exists(RunKeys(run).settings):

@@ -39,7 +39,7 @@ def _register_rejects(commands: Any) -> None:
     rejects.add_argument("--only", choices=LISTED_KINDS, help="list only rows rejected, or only dead letters")
     rejects.add_argument("--json", action="store_true", help="one JSON object: run, rejected, dead")
     rejects.add_argument(
-        "--output", dest="output_url", help="read them from the run's output (folder or s3://), not Redis"
+        "--output", dest="output", help="read them from the run's output (folder or s3://), not Redis"
     )
     rejects.set_defaults(handler=Deferred("producer.status_cli", "cmd_rejects"))
 

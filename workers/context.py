@@ -124,7 +124,7 @@ class WorkerContext:
             return self._run_settings[run]
 
     def store_for_run(self, run: str) -> ObjectStore:
-        url = self.run_settings(run).output_url
+        url = self.run_settings(run).output
         with self._lock:
             if url not in self._stores:
                 self._stores[url] = open_store(url)

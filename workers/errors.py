@@ -15,6 +15,7 @@ WorkerError
     ├── InvalidSetting      an unknown `DRAFTGEN_*` variable, or a value its setting cannot take
     ├── UnsafeKey           an object key that would name a file outside its folder
     ├── UnsupportedStoreUrl an output URL that is neither a folder, file:// nor s3://
+    ├── OutputTaken         an output whose run.json names another run: an output belongs to one run
     ├── RecordUnreadable    a record read back from Redis that cannot be trusted (kept apart, never fatal)
     ├── RecordTooLarge      a completion past the record limit: dead-lettered, never handed over
     └── MalformedMessage    a queue item that is not one of draftgen's messages: parked, never delivered
@@ -96,6 +97,10 @@ class UnsafeKey(Refused):
 
 class UnsupportedStoreUrl(Refused):
     """The output URL is neither file:// nor s3://."""
+
+
+class OutputTaken(Refused):
+    """The output holds another run's run.json: an output belongs to one run."""
 
 
 class RecordUnreadable(Refused):

@@ -34,7 +34,7 @@ Problem = Callable[[Any], str | None]  # why a value of the declared type cannot
 
 @dataclass(frozen=True)
 class SettingKey:
-    name: str  # as stated: `top_p`, `gate_max_empty_answer_rate`, `output_url`
+    name: str  # as stated: `top_p`, `gate_max_empty_answer_rate`, `output`
     path: tuple[str, ...]  # where it sits in RunSettings: ("sampling", "top_p")
     flag: str  # the option that sets it: `--top-p`
     problem: Problem
@@ -138,7 +138,7 @@ SAMPLING_KEYS: tuple[SettingKey, ...] = (
     ),
 )
 RUN_KEYS: tuple[SettingKey, ...] = (
-    SettingKey("output_url", ("output_url",), "--output", _any),  # checked by the store that will hold it
+    SettingKey("output", ("output",), "--output", _any),  # checked by the store that will hold it
     SettingKey(
         "batch_size", ("batch_size",), "--batch-size", _between(1, MAX_BATCH_SIZE, "prompts per message")
     ),

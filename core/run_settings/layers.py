@@ -2,7 +2,7 @@
 
     file = read_toml(Path("run.toml"))                          # flat keys, as the options name them
     stated = stated_settings(file, options, file_label="run.toml")  # each value checked, once, here
-    settings = resolve(run, pinned=pinned, stated=stated, default_output=url)
+    settings = resolve(run, pinned=pinned, stated=stated, new_run_output=url)
 
 An existing run's pinned settings are the base, so re-running `enqueue` without options changes nothing;
 only what the user states can differ (the producer refuses a difference). A stated value is checked where
@@ -31,8 +31,7 @@ from core.run_settings.model import (
 )
 
 SECTIONS = {"sampling": "", "gate": "gate_"}  # a TOML table -> the prefix its keys take when flat
-OUTPUT_KEY = "output_url"
-OUTPUT_TOML_KEY = "output"  # the TOML's name for it, as the option is --output
+OUTPUT_KEY = "output"
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,6 @@ def read_toml(path: Path) -> dict[str, Any]:
     flat = {key: value for key, value in document.items() if key not in SECTIONS}
     for section, prefix in SECTIONS.items():
         flat.update({prefix + key: value for key, value in _section(document, section, path).items()})
-    if OUTPUT_TOML_KEY in flat:
-        flat[OUTPUT_KEY] = flat.pop(OUTPUT_TOML_KEY)
     unknown = set(flat) - set(KEYS)
     if unknown:
         known = ", ".join(sorted(KEYS))
@@ -100,11 +97,11 @@ def stated_settings(
 
 
 def resolve(
-    run: str, *, pinned: RunSettings | None, stated: StatedSettings, default_output: str
+    run: str, *, pinned: RunSettings | None, stated: StatedSettings, new_run_output: str
 ) -> RunSettings:
     """The stated values over the pinned settings, or over a new run's defaults (its output
-    `default_output`). Every value was checked where it came from; only their pairing is checked here."""
-    base = msgspec.to_builtins(pinned if pinned is not None else new_run_settings(run, default_output))
+    `new_run_output`). Every value was checked where it came from; only their pairing is checked here."""
+    base = msgspec.to_builtins(pinned if pinned is not None else new_run_settings(run, new_run_output))
     for name, value in msgspec.to_builtins(dict(stated.values)).items():
         *within, last = KEYS[name].path
         place = base

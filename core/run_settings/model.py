@@ -36,7 +36,7 @@ class QualityGate(Record, frozen=True):
 class RunSettings(Record, frozen=True):
     run: str
     sampling: SamplingSettings
-    output_url: str  # file:///abs/path or s3://bucket/prefix
+    output: str  # file:///abs/path or s3://bucket/prefix
     batch_size: int = DEFAULT_BATCH_SIZE
     gate: QualityGate = QualityGate()
     truncated_thinking: TruncationPolicy = TruncationPolicy.KEEP
@@ -55,9 +55,9 @@ class RunSettings(Record, frozen=True):
 NEW_RUN_TURNS = Turns.ALL
 
 
-def new_run_settings(run: str, output_url: str) -> RunSettings:
+def new_run_settings(run: str, output: str) -> RunSettings:
     """A new run's settings before anything is stated: every default, and every turn regenerated."""
-    return RunSettings(run=run, sampling=SamplingSettings(), output_url=output_url, turns=NEW_RUN_TURNS)
+    return RunSettings(run=run, sampling=SamplingSettings(), output=output, turns=NEW_RUN_TURNS)
 
 
 def differences(pinned: RunSettings, given: RunSettings) -> list[str]:

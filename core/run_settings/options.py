@@ -54,7 +54,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="requests per message: prompts, a conversation counting its turns "
         f"(default {DEFAULT_BATCH_SIZE})",
     )
-    _add(group, "output_url", help=f"s3://bucket/prefix or a folder (default {DEFAULT_OUTPUT})")
+    _add(group, "output", help=f"s3://bucket/prefix or a folder (default {DEFAULT_OUTPUT})")
     _add(
         group,
         "turns",

@@ -25,7 +25,7 @@ from producer.export_cli import parse_include
 from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl
-from workers.record.storage import check_output_folder, normalise_output_url, open_store
+from workers.record.storage import check_output_folder, normalise_output, open_store
 from workers.state.keys import check_run_name
 
 
@@ -59,9 +59,9 @@ def export_settings(args: argparse.Namespace) -> ExportSettings:
     )
 
 
-def _output_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
-    if args.output_url:
-        return normalise_output_url(args.output_url)
+def _output(args: argparse.Namespace, settings: ProducerSettings) -> str:
+    if args.output:
+        return normalise_output(args.output)
     client = redis.Redis.from_url(chosen_redis_url(args, settings))
     try:
         pinned = pinned_settings(client, args.run)
@@ -69,7 +69,7 @@ def _output_url(args: argparse.Namespace, settings: ProducerSettings) -> str:
         raise RunNotFound(f"Redis is not reachable ({error}): name the run's output with --output") from error
     if pinned is None:
         raise RunNotFound(f"Redis knows no run {args.run!r}: name its output with --output")
-    return pinned.output_url
+    return pinned.output
 
 
 class RichProgress:
@@ -144,8 +144,8 @@ def cmd_export(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
     export = export_settings(args)
     tokenizer = load_token_counter(args.tokenizer) if args.tokenizer else None
-    dest_url = normalise_output_url(args.to)
-    source_url = _output_url(args, settings)
+    dest_url = normalise_output(args.to)
+    source_url = _output(args, settings)
     check_export_destination(dest_url, source_url)
     dest = open_store(dest_url)
     output = RunOutput(open_store(source_url), run)

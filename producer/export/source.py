@@ -27,9 +27,7 @@ class RunOutput:
 
     def __init__(self, store: ObjectStore, run: str) -> None:
         self.store = store
-        self.settings: RunSettings = read_run_settings(store)
-        if self.settings.run != run:
-            raise ExportError(f"{store.url} holds the output of run {self.settings.run!r}, not {run!r}")
+        self.settings: RunSettings = read_run_settings(store, run)
         self.run = run
         entries = read_manifest(store)
         foreign = [entry.part for entry in entries if entry.run and entry.run != run]

@@ -42,9 +42,9 @@ def run_output(tmp_path_factory: pytest.TempPathFactory, source: dict[str, Compl
     return write_run_output(tmp_path_factory.mktemp("run"), RUN, [list(source.values())])
 
 
-def export(output_url: str, dest: Path, fmt: str) -> Path:
+def export(output: str, dest: Path, fmt: str) -> Path:
     argv = ["--redis-url", CLOSED_REDIS, "export", "--run", RUN, "--format", fmt]
-    assert main([*argv, "--to", str(dest), "--output", output_url]) == 0
+    assert main([*argv, "--to", str(dest), "--output", output]) == 0
     return dest / "data"
 
 

@@ -67,9 +67,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory, run_output: str) -> Path:
     return dest
 
 
-def export(output_url: str, dest: Path, *options: str) -> int:
+def export(output: str, dest: Path, *options: str) -> int:
     argv = ["--redis-url", CLOSED_REDIS, "export", "--run", RUN, "--format", "speculators"]
-    argv += ["--to", str(dest), "--output", output_url, "--shard-rows", str(SHARD_ROWS), *options]
+    argv += ["--to", str(dest), "--output", output, "--shard-rows", str(SHARD_ROWS), *options]
     return main(argv)
 
 

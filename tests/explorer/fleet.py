@@ -43,7 +43,6 @@ from intake.rejected import RejectedRow
 from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue_processes import dealt
 from producer.errors import EnqueueBusy
-from producer.recover import write_run_settings
 from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler, Step, current_step
 from tests.support.malformed_messages import (
     NO_CHAIN,
@@ -63,6 +62,7 @@ from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.record.manifest import MANIFEST_PREFIX
+from workers.record.output_pin import write_run_json
 from workers.record.storage import FolderStore
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
@@ -739,7 +739,7 @@ class Fleet:
         self.admin = redis.Redis.from_url(redis_url)  # the harness's own, never gated
         self.store = FolderStore(output)
         self.settings = RunSettings(
-            run=RUN, sampling=SamplingSettings(), output_url=self.store.url, batch_size=shape.batch_size
+            run=RUN, sampling=SamplingSettings(), output=self.store.url, batch_size=shape.batch_size
         )
         self.prompts = [msgspec.structs.replace(explored_prompt(i), row=i + 1) for i in range(shape.prompts)]
         # the input: every prompt, then each again in reverse order: duplicate rows, each id batched once
@@ -778,7 +778,7 @@ class Fleet:
         # whichever schedule runs first in a fresh redis-server
         LIBRARY.load(self.admin)
         pin_settings(self.admin, self.settings)
-        write_run_settings(self.store, self.settings)
+        write_run_json(self.store, self.settings)
 
     # ------------------------------------------------------------------ what processes do
 

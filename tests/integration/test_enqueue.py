@@ -20,12 +20,13 @@ from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_set
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
 from producer.metrics_exporter import DraftgenCollector
 from producer.publisher import BatchPublisher
-from producer.recover import recover_run, write_run_settings
+from producer.recover import recover_run
 from producer.run_access import pinned_settings
 from producer.work_order import MIN_TURNS_LEARNED
 from tests.support import kombu_calls
 from tests.support.records import completion
 from workers.record.object_store import ObjectStore
+from workers.record.output_pin import write_run_json
 from workers.record.reading import read_enqueued_ids
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
@@ -58,7 +59,7 @@ class RecordingPublisher:
 
 def settings(batch_size: int = 4, **sampling: Any) -> RunSettings:
     return RunSettings(
-        run=RUN, sampling=SamplingSettings(**sampling), output_url="file:///tmp/out", batch_size=batch_size
+        run=RUN, sampling=SamplingSettings(**sampling), output="file:///tmp/out", batch_size=batch_size
     )
 
 
@@ -324,8 +325,8 @@ def test_two_enqueues_of_one_run_at_the_same_moment_never_place_a_prompt_in_two_
 def run_with_output(client: redis.Redis, tmp_path: Path) -> tuple[ObjectStore, RunSettings]:
     """A run pinned with an output folder holding its run.json, as `enqueue` leaves it."""
     store = open_store((tmp_path / "out").as_uri())
-    pinned = pin_settings(client, msgspec.structs.replace(settings(), output_url=store.url))
-    write_run_settings(store, pinned)
+    pinned = pin_settings(client, msgspec.structs.replace(settings(), output=store.url))
+    write_run_json(store, pinned)
     return store, pinned
 
 

@@ -22,7 +22,7 @@ from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.enqueue_processes import Part, PartFailed, PartSpec, enqueue_in_parts
 from producer.errors import EnqueueBusy, SourceError
 from producer.publisher import BatchPublisher
-from producer.recover import write_run_settings
+from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
 from workers.state.broker import sending_app
@@ -56,9 +56,9 @@ def dataset(path: Path, count: int) -> str:
 
 def pinned_run(client: redis.Redis, tmp_path: Path, run: str) -> RunSettings:
     store = open_store((tmp_path / run).as_uri())
-    settings = RunSettings(run=run, sampling=SamplingSettings(), output_url=store.url, batch_size=BATCH_SIZE)
+    settings = RunSettings(run=run, sampling=SamplingSettings(), output=store.url, batch_size=BATCH_SIZE)
     pinned = pin_settings(client, settings)
-    write_run_settings(store, pinned)
+    write_run_json(store, pinned)
     return pinned
 
 
@@ -81,7 +81,7 @@ def enqueue(
     broker = WorkerSettings(redis_url=redis_url).broker
     publisher = BatchPublisher(sending_app(broker))
     try:
-        enqueuer = Enqueuer(client, settings, publisher, source=data, store=open_store(settings.output_url))
+        enqueuer = Enqueuer(client, settings, publisher, source=data, store=open_store(settings.output))
         rows = items if items is not None else iter_prompts(data)
         if parts == 1:
             return enqueuer.enqueue(rows)

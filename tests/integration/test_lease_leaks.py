@@ -64,7 +64,7 @@ def context(head: RedisHead) -> Iterator[WorkerContext]:
 
 def enqueue_one_batch(producer: redis.Redis, tmp_path: Path, ids: list[str]) -> str:
     settings = RunSettings(
-        run=RUN, sampling=SamplingSettings(), output_url=(tmp_path / "out").as_uri(), batch_size=len(ids)
+        run=RUN, sampling=SamplingSettings(), output=(tmp_path / "out").as_uri(), batch_size=len(ids)
     )
     pin_settings(producer, settings)
     published: list[str] = []

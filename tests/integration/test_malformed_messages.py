@@ -21,7 +21,6 @@ from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from devstack.local_stack import flower_process, free_port, http_ok, wait_until
 from producer.enqueue import Enqueuer, pin_settings
-from producer.recover import write_run_settings
 from tests.support import prompt_files
 from tests.support.malformed_messages import (
     flush_item,
@@ -40,6 +39,7 @@ from tests.support.redis_head import (
 )
 from tests.support.stack import simulators_running
 from workers.errors import MalformedMessage
+from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.state.broker import BrokerOptions, sending_app
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY, RunKeys
@@ -199,9 +199,9 @@ def test_no_malformed_message_a_node_can_push_stops_a_consumer_each_is_parked_an
 
 def enqueue_without_a_message(producer: redis.Redis, run: str, output: Path) -> str:
     """A run of one batch, enqueued as `enqueue` does but not published: its one batch id."""
-    settings = RunSettings(run=run, sampling=SamplingSettings(), output_url=output.as_uri())
-    store = open_store(settings.output_url)
-    write_run_settings(store, settings)
+    settings = RunSettings(run=run, sampling=SamplingSettings(), output=output.as_uri())
+    store = open_store(settings.output)
+    write_run_json(store, settings)
     batches: list[str] = []
     enqueuer = Enqueuer(
         producer,

@@ -9,10 +9,10 @@ import redis
 
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
-from producer.recover import write_run_settings
 from tests.support.records import completion
 from workers.record.manifest import read_manifest
 from workers.record.object_store import ObjectStore
+from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
@@ -30,17 +30,17 @@ def uploader_reading_redis(client: redis.Redis) -> Uploader:
     """An uploader that, as the worker's does, takes each run's output from Redis."""
 
     def store_for_run(run: str) -> ObjectStore:
-        return open_store(load_run_settings(client, run).output_url)
+        return open_store(load_run_settings(client, run).output)
 
     return Uploader(client, UploadSettings(max_age_s=0), store_for_run)
 
 
 def enqueued_run(client: redis.Redis, output: Path) -> tuple[RunLedger, RunSettings]:
     """A run as `enqueue` leaves it (settings in Redis and run.json), its prompts staged."""
-    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output.as_uri())
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output=output.as_uri())
     ledger = RunLedger(client, RUN)
     client.set(ledger.keys.settings, encode_run_settings(settings))
-    write_run_settings(open_store(settings.output_url), settings)
+    write_run_json(open_store(settings.output), settings)
     ledger.hold_ids(dict.fromkeys(PROMPTS, FIRST_ENQUEUE))
     for prompt_id in PROMPTS:
         ledger.stage(completion(prompt_id))
@@ -49,7 +49,7 @@ def enqueued_run(client: redis.Redis, output: Path) -> tuple[RunLedger, RunSetti
 
 def redirect(client: redis.Redis, settings: RunSettings, output: Path) -> None:
     """What a writer with access to Redis could do: point the run's settings at another output."""
-    moved = RunSettings(run=settings.run, sampling=settings.sampling, output_url=output.as_uri())
+    moved = RunSettings(run=settings.run, sampling=settings.sampling, output=output.as_uri())
     client.set(RunLedger(client, RUN).keys.settings, encode_run_settings(moved))
 
 
@@ -84,5 +84,5 @@ def test_once_redis_names_the_pinned_output_again_a_resumed_run_commits_there(
     report = uploader_reading_redis(redis_client).flush(RUN)
     # Then its completions are committed to the output it was enqueued to
     assert report.completions == len(PROMPTS)
-    assert [entry.count for entry in read_manifest(open_store(settings.output_url))] == [len(PROMPTS)]
+    assert [entry.count for entry in read_manifest(open_store(settings.output))] == [len(PROMPTS)]
     assert ledger.counts().staged == 0

@@ -52,7 +52,7 @@ def stack(redis_server: str, s3_endpoint: str, tmp_path_factory: pytest.TempPath
 
 def committed_rows(stack: Stack, run: str) -> list[dict[str, Any]]:
     settings = decode_run_settings(redis.Redis.from_url(stack.redis_url).get(RunKeys(run).settings))
-    store = open_store(settings.output_url)
+    store = open_store(settings.output)
     rows: list[dict[str, Any]] = []
     for key in completion_keys(read_manifest(store)):
         rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())

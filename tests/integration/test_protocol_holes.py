@@ -22,7 +22,6 @@ from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
 from producer.gc import collect_orphans
-from producer.recover import write_run_settings
 from producer.verify import verify_run
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
@@ -33,6 +32,7 @@ from workers.generate import batches
 from workers.generate.generation import BatchOutcome
 from workers.record.manifest import DATA_PREFIX, DEAD_PREFIX, MANIFEST_PREFIX, data_key
 from workers.record.object_store import ObjectInfo, ObjectStore
+from workers.record.output_pin import write_run_json
 from workers.record.reading import read_committed
 from workers.record.storage import FolderStore, open_store
 from workers.record.upload_settings import UploadSettings
@@ -57,9 +57,9 @@ def output(tmp_path: Path) -> ObjectStore:
 
 
 def start_run(client: redis.Redis, store: ObjectStore, *, batch_size: int = 32) -> RunSettings:
-    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=store.url, batch_size=batch_size)
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output=store.url, batch_size=batch_size)
     pin_settings(client, settings)
-    write_run_settings(store, settings)
+    write_run_json(store, settings)
     return settings
 
 

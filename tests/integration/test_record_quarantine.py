@@ -27,7 +27,6 @@ from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
 from producer.enqueue import Enqueuer, pin_settings
 from producer.gc import collect_orphans
 from producer.metrics_exporter import DraftgenCollector
-from producer.recover import write_run_settings
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import describe, verify_run
@@ -37,6 +36,7 @@ from tests.support.redis_head import GPU_NODES, RedisHead, node_user
 from workers.errors import RecordTooLarge, RetryLater
 from workers.record.manifest import QUARANTINE_PREFIX, SERVERS_PREFIX
 from workers.record.object_store import ObjectStore
+from workers.record.output_pin import write_run_json
 from workers.record.parquet_io import read_completions
 from workers.record.reading import read_committed
 from workers.record.storage import open_store
@@ -106,9 +106,9 @@ def world(head: RedisHead, tmp_path: Path) -> Iterator[World]:
         redis.Redis.from_url(head.urls[user]) for user in ("producer", WORKER, "uploader")
     )
     store = open_store((tmp_path / "out").as_uri())
-    settings = RunSettings(run=run, sampling=SamplingSettings(), output_url=store.url)
+    settings = RunSettings(run=run, sampling=SamplingSettings(), output=store.url)
     pin_settings(producer, settings)
-    write_run_settings(store, settings)
+    write_run_json(store, settings)
     yield World(
         run=run,
         settings=settings,

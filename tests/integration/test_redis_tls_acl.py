@@ -225,7 +225,7 @@ def test_a_worker_s_user_may_take_every_step_a_worker_takes(head: RedisHead, tmp
     producer, worker, admin = (client_of(head, user) for user in ("producer", WORKER, "admin"))
     admin.acl_log_reset()
     settings = RunSettings(
-        run=STEPS_RUN, sampling=SamplingSettings(), output_url=(tmp_path / "out").as_uri(), batch_size=2
+        run=STEPS_RUN, sampling=SamplingSettings(), output=(tmp_path / "out").as_uri(), batch_size=2
     )
     batches: list[str] = []
     Enqueuer(producer, settings, lambda _run, ids: batches.extend(ids), source="test").enqueue(

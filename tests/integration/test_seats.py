@@ -35,7 +35,7 @@ def batches(client: redis.Redis, count: int) -> list[str]:
     def publish(_run: str, batch_ids: Sequence[str]) -> None:
         published.extend(batch_ids)
 
-    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url="file:///tmp/x", batch_size=1)
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output="file:///tmp/x", batch_size=1)
     Enqueuer(client, settings, publish, source="test").enqueue(prompt(f"p{i}") for i in range(count))
     client.sadd("draftgen:runs", RUN)
     return published

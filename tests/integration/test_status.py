@@ -103,12 +103,12 @@ def status_of(stack: Stack, run: str) -> RunStatus:
     return gather_status(client_of(stack), run, price_per_gpu_hour=PRICE_PER_GPU_HOUR)
 
 
-def output_url(stack: Stack, run: str) -> str:
-    return decode_run_settings(client_of(stack).get(RunKeys(run).settings)).output_url
+def output(stack: Stack, run: str) -> str:
+    return decode_run_settings(client_of(stack).get(RunKeys(run).settings)).output
 
 
 def committed_rows(stack: Stack, run: str) -> list[dict[str, object]]:
-    store = open_store(output_url(stack, run))
+    store = open_store(output(stack, run))
     rows: list[dict[str, object]] = []
     for key in completion_keys(read_manifest(store)):
         rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())
@@ -273,7 +273,7 @@ def test_each_status_figure_of_a_finished_run_matches_what_the_run_produced(
     assert all(status.quality.counts[label] == labels.get(label, 0) for label in status.quality.counts)
     assert status.quality.finish_reasons == dict(Counter(str(row["finish_reason"]) for row in rows))
     # Upload: the manifest's objects, nothing left behind.
-    entries = read_manifest(open_store(output_url(stack, steady_run.run)))
+    entries = read_manifest(open_store(output(stack, steady_run.run)))
     assert status.upload.objects_committed == len(entries)
     assert status.upload.committed_bytes == sum(entry.bytes for entry in entries)
     assert (status.upload.staged, status.upload.staged_bytes) == (0, 0)

@@ -12,12 +12,13 @@ import redis
 from core.records import DeadLetter, SamplingSettings
 from core.run_settings.model import RunSettings
 from producer.gc import collect_orphans
-from producer.recover import recover_run, write_run_settings
+from producer.recover import recover_run
 from producer.verify import verify_run
 from tests.support.records import completion, prompt
 from workers.errors import RetryLater
 from workers.record.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest
 from workers.record.object_store import ObjectStore
+from workers.record.output_pin import write_run_json
 from workers.record.parquet_io import completions_to_parquet
 from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
@@ -30,12 +31,12 @@ RUN = "upload-test"
 FIRST_ENQUEUE = "1"  # the holder of an id the run's first enqueue claimed (RunKeys.ids)
 
 
-def start_run(client: redis.Redis, output_url: str, prompt_ids: list[str]) -> RunLedger:
+def start_run(client: redis.Redis, output: str, prompt_ids: list[str]) -> RunLedger:
     """A run as `enqueue` leaves it: settings pinned in Redis and in the output's run.json, ids enqueued."""
     ledger = RunLedger(client, RUN)
-    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=output_url)
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output=output)
     client.set(ledger.keys.settings, encode_run_settings(settings))
-    write_run_settings(open_store(output_url), settings)
+    write_run_json(open_store(output), settings)
     ledger.hold_ids(dict.fromkeys(prompt_ids, FIRST_ENQUEUE))
     return ledger
 
@@ -201,7 +202,7 @@ def test_recover_on_a_live_redis_takes_committed_prompts_out_of_the_upload_path(
     ledger = start_run(redis_client, store.url, ["a", "b", "c"])
     for prompt_id in "abc":
         ledger.stage(completion(prompt_id))
-    write_run_settings(store, load_run_settings(redis_client, RUN))
+    write_run_json(store, load_run_settings(redis_client, RUN))
     commit_part_without_redis(store, ["a", "b"])
     # When the run is recovered from its output, then flushed
     report = recover_run(redis_client, store, RUN)

@@ -32,7 +32,7 @@ def healthy_output(tmp_path: Path) -> str:
     return write_run_output(tmp_path / "run", RUN, parts)
 
 
-def export(output_url: str, dest: Path | str, fmt: str, *options: str) -> int:
+def export(output: str, dest: Path | str, fmt: str, *options: str) -> int:
     return main(
         [
             "--redis-url",
@@ -45,7 +45,7 @@ def export(output_url: str, dest: Path | str, fmt: str, *options: str) -> int:
             "--to",
             str(dest),
             "--output",
-            output_url,
+            output,
             *options,
         ]
     )

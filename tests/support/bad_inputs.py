@@ -200,7 +200,7 @@ def busy_run(world: World) -> None:
 
 def broken_run(world: World) -> None:
     """Settings as the pre-fix code pinned `--temperature nan`: JSON has no NaN, so it wrote null."""
-    settings = RunSettings(run=BROKEN, sampling=SamplingSettings(), output_url=(world.tmp / "b").as_uri())
+    settings = RunSettings(run=BROKEN, sampling=SamplingSettings(), output=(world.tmp / "b").as_uri())
     raw = encode_run_settings(settings).replace(b'"temperature":0.6', b'"temperature":null')
     world.client.set(RunKeys(BROKEN).settings, raw)
     world.client.sadd(RUNS_KEY, BROKEN)

@@ -120,7 +120,7 @@ def write_run_output(folder: Path, run: str, parts: list[list[Completion]], *, t
     """The folder's file:// URL, holding `run.json`, the server's facts and one committed part per list."""
     store = FolderStore(folder)
     sampling = SamplingSettings(model="Qwen/Qwen3.6-27B", enable_thinking=thinking)
-    store.put("run.json", encode_run_settings(RunSettings(run=run, sampling=sampling, output_url=store.url)))
+    store.put("run.json", encode_run_settings(RunSettings(run=run, sampling=sampling, output=store.url)))
     store.put(server_key(SERVER_ID), encode_facts(FACTS))
     for part, completions in enumerate(parts):
         data = completions_to_parquet(completions)

@@ -131,7 +131,7 @@ class Stack:
     def committed_rows(self, run: str) -> list[dict[str, Any]]:
         """Every row of the run's committed Parquet objects (those its manifest lists)."""
         settings = decode_run_settings(redis.Redis.from_url(self.redis_url).get(RunKeys(run).settings))
-        store = open_store(settings.output_url)
+        store = open_store(settings.output)
         rows: list[dict[str, Any]] = []
         for key in completion_keys(read_manifest(store)):
             rows.extend(pq.read_table(io.BytesIO(store.get(key))).to_pylist())

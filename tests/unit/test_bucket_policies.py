@@ -15,8 +15,8 @@ import pytest
 from inference.node.model_sources import S3Source
 from producer.export.exporter import PLAN_KEY, RECORD_KEY, SHARD_RECORDS_PREFIX
 from producer.gc import collect_orphans
-from producer.recover import check_output_belongs_to
 from tests.support.iam_policies import RecordingS3, Request, grammar_errors, is_allowed
+from workers.errors import ObjectMissing
 from workers.record.manifest import (
     ENQUEUED_PREFIX,
     REJECTED_PREFIX,
@@ -30,6 +30,7 @@ from workers.record.manifest import (
     read_manifest,
     server_key,
 )
+from workers.record.output_pin import read_run_json
 from workers.record.s3_store import S3Store
 
 IAM_DIR = Path(__file__).resolve().parents[2] / "deploy" / "iam"
@@ -271,7 +272,8 @@ def test_gc_removes_orphans_as_its_code_does_and_only_gc_may() -> None:
 def test_the_producer_enqueues_reads_and_exports_and_writes_nothing_the_uploader_commits() -> None:
     s3 = RecordingS3(BUCKET, {f"{RUN_PREFIX}/{manifest_key(0)}": entry(0, data_key(0, SHA))})
     store = run_store(s3)
-    check_output_belongs_to(store, RUN)  # run.json is missing: S3 must say NoSuchKey, not AccessDenied
+    with pytest.raises(ObjectMissing):  # run.json is missing: S3 must say NoSuchKey, not AccessDenied
+        read_run_json(store)
     store.put(SETTINGS_KEY, b"{}")
     store.put(content_key(ENQUEUED_PREFIX, b"[]", ".json"), b"[]")
     store.put(content_key(REJECTED_PREFIX, b"", ".jsonl"), b"")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.record.storage import FolderStore, normalise_output_url, open_store
+from workers.record.storage import FolderStore, normalise_output, open_store
 
 GROUP_READABLE_UMASK = 0o022
 PRIVATE_UMASK = 0o077
@@ -56,7 +56,7 @@ def test_a_private_umask_keeps_objects_private(tmp_path: Path) -> None:
 
 def test_an_output_folder_with_a_space_in_its_name_is_written_where_it_is_named(tmp_path: Path) -> None:
     folder = tmp_path / "my runs" / "run 1"
-    store = open_store(normalise_output_url(str(folder)))
+    store = open_store(normalise_output(str(folder)))
     store.put("run.json", b"{}")
     assert (folder / "run.json").read_bytes() == b"{}"
     assert not list(tmp_path.glob("*%20*"))

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
+from workers.errors import OutputTaken
 from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
-from workers.record.output_pin import OutputPin, output_pin_mismatch
+from workers.record.output_pin import OutputPin, output_pin_mismatch, read_run_json, run_json_of
+from workers.record.output_pin import write_run_json as write_run_to
 from workers.record.storage import open_store
 from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause_state
 from workers.state.keys import RunKeys
@@ -37,8 +41,8 @@ def folder(tmp_path: Path, name: str) -> ObjectStore:
     return open_store((tmp_path / name).as_uri())
 
 
-def write_run_json(store: ObjectStore, *, run: str = RUN, output_url: str | None = None) -> None:
-    settings = RunSettings(run=run, sampling=SamplingSettings(), output_url=output_url or store.url)
+def write_run_json(store: ObjectStore, *, run: str = RUN, output: str | None = None) -> None:
+    settings = RunSettings(run=run, sampling=SamplingSettings(), output=output or store.url)
     store.put(SETTINGS_KEY, encode_run_settings(settings))
 
 
@@ -57,13 +61,13 @@ def test_an_output_whose_run_json_names_another_run_is_refused(tmp_path: Path) -
     store = folder(tmp_path, "out")
     write_run_json(store, run="another-run")
     reason = output_pin_mismatch(RUN, store)
-    assert reason is not None and "names run 'another-run'" in reason
+    assert reason is not None and "holds the output of run 'another-run'" in reason
 
 
 def test_an_output_whose_run_json_pins_another_output_is_refused(tmp_path: Path) -> None:
     # Given run.json copied into a folder the run was never enqueued to
     store = folder(tmp_path, "copy")
-    write_run_json(store, output_url=(tmp_path / "out").as_uri())
+    write_run_json(store, output=(tmp_path / "out").as_uri())
     reason = output_pin_mismatch(RUN, store)
     assert reason is not None and "pins its output" in reason and (tmp_path / "out").as_uri() in reason
 
@@ -77,7 +81,7 @@ def test_an_unreadable_run_json_is_refused(tmp_path: Path) -> None:
 
 def test_a_trailing_slash_does_not_make_another_output(tmp_path: Path) -> None:
     store = folder(tmp_path, "out")
-    write_run_json(store, output_url=store.url + "/")
+    write_run_json(store, output=store.url + "/")
     assert output_pin_mismatch(RUN, store) is None
 
 
@@ -122,3 +126,15 @@ def test_a_run_already_paused_keeps_its_first_reason_and_stays_refused(tmp_path:
     assert not OutputPin(client).confirm(RUN, folder(tmp_path, "empty"))
     state = pause_state(client, RUN)
     assert state is not None and state.reason == "by hand"
+
+
+def test_another_runs_output_is_refused_alike_for_writing_run_json_and_for_reading_it(tmp_path: Path) -> None:
+    store = folder(tmp_path, "out")
+    write_run_json(store, run="first-run")
+    ours = RunSettings(run=RUN, sampling=SamplingSettings(), output=store.url)
+    with pytest.raises(OutputTaken, match="holds the output of run 'first-run'") as writing:
+        write_run_to(store, ours)
+    with pytest.raises(OutputTaken) as reading:
+        run_json_of(store, RUN)
+    assert str(reading.value) in str(writing.value)
+    assert read_run_json(store).run == "first-run"  # left as it was

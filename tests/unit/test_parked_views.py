@@ -33,7 +33,7 @@ def two_parked(redis_client: redis.Redis) -> redis.Redis:
 
 
 def test_status_names_how_many_messages_were_parked_and_why(two_parked: redis.Redis, tmp_path: Path) -> None:
-    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output_url=(tmp_path / "out").as_uri())
+    settings = RunSettings(run=RUN, sampling=SamplingSettings(), output=(tmp_path / "out").as_uri())
     pin_settings(two_parked, settings)
 
     status = gather_status(two_parked, RUN)

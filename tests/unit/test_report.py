@@ -329,4 +329,4 @@ def test_report_reads_its_output_with_output_as_every_command_does_and_the_old_s
     flag: str,
 ) -> None:
     args = build_parser().parse_args(["report", "--run", RUN, flag, "s3://bucket/runs/r"])
-    assert args.output_url == "s3://bucket/runs/r"
+    assert args.output == "s3://bucket/runs/r"

@@ -28,7 +28,7 @@ def resolve_run_settings(
     option_values: dict[str, Any],
 ) -> RunSettings:
     stated = stated_settings(file_values, option_values)
-    return resolve(run, pinned=pinned, stated=stated, default_output=NEW_RUN_OUTPUT)
+    return resolve(run, pinned=pinned, stated=stated, new_run_output=NEW_RUN_OUTPUT)
 
 
 def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_options_override_the_file_which_overrides_the_defaults(tmp_path: Path) 
     assert settings.sampling.temperature == 0.7
     assert settings.sampling.max_tokens == 8192
     assert settings.sampling.top_k == SamplingSettings().top_k
-    assert settings.output_url == "s3://bucket/runs"
+    assert settings.output == "s3://bucket/runs"
 
 
 def test_a_new_run_stated_nothing_takes_the_defaults_and_the_given_output() -> None:
@@ -53,17 +53,17 @@ def test_a_new_run_stated_nothing_takes_the_defaults_and_the_given_output() -> N
 
 
 def test_re_running_without_options_keeps_the_pinned_settings() -> None:
-    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=1234), output_url="s3://b/p")
+    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=1234), output="s3://b/p")
     again = resolve_run_settings("r1", pinned=pinned, file_values={}, option_values={"max_tokens": None})
     assert differences(pinned, again) == []
 
 
 def test_the_difference_names_each_changed_field_with_both_values() -> None:
-    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=512), output_url="s3://b/p")
-    given = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=32768), output_url="s3://b/q")
+    pinned = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=512), output="s3://b/p")
+    given = RunSettings(run="r1", sampling=SamplingSettings(max_tokens=32768), output="s3://b/q")
     assert differences(pinned, given) == [
         "sampling.max_tokens: pinned 512, given 32768",
-        "output_url: pinned 's3://b/p', given 's3://b/q'",
+        "output: pinned 's3://b/p', given 's3://b/q'",
     ]
 
 
@@ -125,6 +125,7 @@ def test_a_run_pinned_before_turns_existed_keeps_answering_the_last_turn_only() 
     pinned = decode_run_settings(b'{"run":"old","sampling":{},"output_url":"s3://b/p"}')
     again = resolve_run_settings("old", pinned=pinned, file_values={}, option_values={"turns": None})
     assert again.turns is Turns.LAST
+    assert again.output == "s3://b/p"  # pinned when the output was stored as output_url
     changed = resolve_run_settings("old", pinned=pinned, file_values={}, option_values={"turns": "all"})
     assert differences(pinned, changed) == ["turns: pinned 'last', given 'all'"]
 
@@ -211,3 +212,12 @@ def test_every_key_is_an_option_of_enqueue_that_stores_under_its_name() -> None:
     assert {key.flag: dest_of.get(key.flag) for key in KEYS.values()} == {
         key.flag: key.name for key in KEYS.values()
     }
+
+
+def test_the_output_has_one_name_as_an_option_a_toml_key_and_a_field(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text('output = "s3://bucket/from-file"\n')
+    from_file = resolve_run_settings("r1", pinned=None, file_values=read_toml(config), option_values={})
+    assert from_file.output == "s3://bucket/from-file"
+    assert KEYS["output"].flag == "--output"
+    assert b'"output":"s3://bucket/from-file"' in encode_run_settings(from_file)

@@ -94,7 +94,7 @@ def completion_keys(entries: list[ManifestEntry]) -> list[str]:
     return [entry.key for entry in entries if entry.key is not None]
 
 
-def committed_locations(output_url: str) -> list[str]:
+def committed_locations(output: str) -> list[str]:
     """Where each committed completions object lives, as a path (folder) or an s3:// URL, in part order."""
-    base = output_url.removeprefix("file://").rstrip("/")
-    return [f"{base}/{key}" for key in completion_keys(read_manifest(open_store(output_url)))]
+    base = output.removeprefix("file://").rstrip("/")
+    return [f"{base}/{key}" for key in completion_keys(read_manifest(open_store(output)))]

@@ -1,5 +1,7 @@
 """A run's output is named twice: in Redis (the run's settings) and in the output itself (`run.json`,
-written by every `enqueue`). The uploader commits a run's parts only where the two agree.
+written by every `enqueue`). This module owns run.json: it writes it, reads it (with the one decoder of a
+run's settings, workers/state/runs.py), and holds the one check that an output belongs to one run. The
+uploader commits a run's parts only where the two agree.
 
 Redis tells the uploader where a run's output goes, so whoever could write to Redis could send a run's
 completions elsewhere. Before a run's first part (once per run and process), the uploader reads
@@ -14,22 +16,50 @@ from __future__ import annotations
 
 import logging
 
-import msgspec
 import redis
 
-from workers.errors import ObjectMissing
+from core.run_settings.model import RunSettings
+from workers.errors import ObjectMissing, OutputTaken, RecordUnreadable
 from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
 from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause
+from workers.state.runs import decode_run_settings, encode_run_settings
 
 log = logging.getLogger(__name__)
 
 
-class OutputOwner(msgspec.Struct, frozen=True):
-    """The two fields of `run.json` the check reads (the rest of the settings may change form)."""
+def read_run_json(store: ObjectStore) -> RunSettings:
+    """The output's run.json: ObjectMissing when it has none, RecordUnreadable when it is not a run's."""
+    return decode_run_settings(store.get(SETTINGS_KEY))
 
-    run: str
-    output_url: str
+
+def another_runs_output(owner: RunSettings, run: str, url: str) -> str | None:
+    """Why the output at `url`, whose run.json is `owner`, is not run `run`'s, or None when it is: the one
+    check that an output belongs to one run."""
+    if owner.run == run:
+        return None
+    return f"{url} holds the output of run {owner.run!r}, not {run!r}: an output belongs to one run"
+
+
+def write_run_json(store: ObjectStore, settings: RunSettings) -> None:
+    """Keep the run's settings beside its data (the same bytes every time); OutputTaken when the output
+    is another run's."""
+    try:
+        owner = read_run_json(store)
+    except ObjectMissing:
+        owner = None
+    if owner is not None and (reason := another_runs_output(owner, settings.run, store.url)):
+        raise OutputTaken(f"{reason}; give run {settings.run!r} an --output of its own")
+    store.put(SETTINGS_KEY, encode_run_settings(settings))
+
+
+def run_json_of(store: ObjectStore, run: str) -> RunSettings:
+    """Run `run`'s settings as its output holds them: ObjectMissing without run.json, OutputTaken when the
+    output is another run's."""
+    owner = read_run_json(store)
+    if reason := another_runs_output(owner, run, store.url):
+        raise OutputTaken(reason)
+    return owner
 
 
 def same_location(first_url: str, second_url: str) -> bool:
@@ -40,22 +70,20 @@ def same_location(first_url: str, second_url: str) -> bool:
 def output_pin_mismatch(run: str, store: ObjectStore) -> str | None:
     """Why `store` must not receive run `run`'s parts, or None when its run.json names this run and itself."""
     try:
-        raw = store.get(SETTINGS_KEY)
+        owner = read_run_json(store)
     except ObjectMissing:
         return (
             f"the output Redis names for run {run!r}, {store.url}, holds no {SETTINGS_KEY}: "
             "it is not where this run was enqueued to"
         )
-    try:
-        owner = msgspec.json.decode(raw, type=OutputOwner)
-    except msgspec.DecodeError as error:  # ValidationError is a DecodeError
+    except RecordUnreadable as error:
         return f"{store.url}/{SETTINGS_KEY} is unreadable ({error}): run {run!r} is not confirmed there"
-    if owner.run != run:
-        return f"{store.url}/{SETTINGS_KEY} names run {owner.run!r}, not {run!r}: an output is one run's"
-    if not same_location(owner.output_url, store.url):
+    if reason := another_runs_output(owner, run, store.url):
+        return reason
+    if not same_location(owner.output, store.url):
         return (
             f"Redis sends run {run!r} to {store.url}, but the {SETTINGS_KEY} there pins its output "
-            f"to {owner.output_url}"
+            f"to {owner.output}"
         )
     return None
 

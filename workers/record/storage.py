@@ -154,7 +154,7 @@ LOCAL_FILE_HOSTS = ("", "localhost")  # file://localhost/x is /x; any other host
 OUTPUT_FORMS = "a folder, file:///absolute/path or s3://bucket/prefix"
 
 
-def normalise_output_url(url: str) -> str:
+def normalise_output(url: str) -> str:
     """Turn a bare or relative folder into an absolute file:// URL; check an s3:// URL names a bucket.
 
     Refused (UnsupportedStoreUrl): an empty output (it would be the current folder), `s3://` or

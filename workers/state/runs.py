@@ -6,6 +6,8 @@ checked against those limits as it is decoded, like any byte read from Redis.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import redis
 
@@ -16,15 +18,23 @@ from workers.state.codec import UNREADABLE, decode_json
 from workers.state.keys import RunKeys
 from workers.state.record_limits import SMALL_RECORD_LIMIT_BYTES
 
+LEGACY_OUTPUT_FIELD = "output_url"  # the output's name in settings pinned before it had one name
+
 
 def encode_run_settings(settings: RunSettings) -> bytes:
     return msgspec.json.encode(settings)
 
 
 def decode_run_settings(raw: bytes) -> RunSettings:
-    """RecordUnreadable for settings past their ceiling, that are not a run's settings, or that hold a
-    value no run can be sent with."""
-    settings = decode_json(raw, RunSettings, limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    """A run's settings as Redis or the output's run.json holds them: RecordUnreadable for settings past
+    their ceiling, that are not a run's settings, or that hold a value no run can be sent with."""
+    fields = decode_json(raw, dict[str, Any], limit_bytes=SMALL_RECORD_LIMIT_BYTES)
+    if LEGACY_OUTPUT_FIELD in fields and "output" not in fields:
+        fields["output"] = fields.pop(LEGACY_OUTPUT_FIELD)
+    try:
+        settings = msgspec.convert(fields, type=RunSettings)
+    except msgspec.ValidationError as error:
+        raise RecordUnreadable(UNREADABLE, f"not a run's settings: {error}") from error
     problems = settings_problems(settings)
     if problems:
         raise RecordUnreadable(UNREADABLE, f"run settings hold values no run can use: {'; '.join(problems)}")
