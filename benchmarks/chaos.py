@@ -75,8 +75,8 @@ from devstack.local_stack import (
     worker_env,
 )
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from workers.broker.kombu_layout import waiting_messages
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_messages
 
 # Fault kinds, as spelled in --faults.
 KILL_GENERATE = "kill-generate"

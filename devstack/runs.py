@@ -11,10 +11,10 @@ from core.records import Prompt
 from core.run_settings.model import RunSettings
 from producer.enqueue import Enqueuer, pin_settings
 from producer.publisher import BatchPublisher
+from workers.broker.broker import sending_app
 from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
-from workers.state.broker import sending_app
 
 BENCH_SOURCE = "bench"
 SCAN_COUNT = 1000  # keys per SCAN round trip

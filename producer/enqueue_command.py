@@ -28,12 +28,12 @@ from producer.errors import (
 from producer.progress_lines import ProgressLines
 from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
 from producer.settings import OUTPUT_ENV, ProducerSettings
+from workers.broker.broker import sending_app
 from workers.errors import UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import write_run_json
 from workers.record.storage import normalise_output
 from workers.settings import WorkerSettings
-from workers.state.broker import sending_app
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
 

@@ -28,8 +28,8 @@ from producer.enqueue_processes import (
 )
 from producer.errors import ProducerError, as_producer_error, lower_errors
 from producer.publisher import BatchPublisher
+from workers.broker.broker import sending_app
 from workers.record.storage import open_store
-from workers.state.broker import sending_app
 
 STDOUT_FD, STDERR_FD = 1, 2
 

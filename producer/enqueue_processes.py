@@ -38,7 +38,7 @@ from intake.rejected import RejectedRow
 from producer.enqueue import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
 from producer.errors import ProducerError, Unavailable
 from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
-from workers.state.broker import BrokerOptions
+from workers.broker.broker import BrokerOptions
 from workers.state.keys import id_bucket
 
 PART_CHUNKS_WAITING = 2  # chunks read for a part and not yet taken by it, at most

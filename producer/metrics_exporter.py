@@ -28,9 +28,9 @@ from producer.errors import RunNotFound, RunStateBroken, SettingsError
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status, queue_depths
 from producer.status.model import RunStatus
+from workers.broker.parked_messages import parked_counts
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RUNS_KEY, RunKeys, check_run_name
-from workers.state.parked_messages import parked_counts
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,

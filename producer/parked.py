@@ -1,5 +1,5 @@
 """`python -m producer parked`: the malformed messages the workers parked instead of ending on them, and the
-one line `status` warns with while there are any (workers/state/parked_messages.py keeps them)."""
+one line `status` warns with while there are any (workers/broker/parked_messages.py keeps them)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from core.exit_codes import EXIT_OK
 from producer.run_access import connect_redis
 from producer.settings import ProducerSettings
 from producer.status_view import clock
+from workers.broker.parked_messages import ParkedCount, parked_counts, recent_parked
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY
-from workers.state.parked_messages import ParkedCount, parked_counts, recent_parked
 
 PARKED_COMMAND = "python -m producer parked"
 

@@ -18,18 +18,18 @@ from workers.bootsteps.heartbeat_step import HeartbeatStep
 from workers.bootsteps.liveness_step import LivenessStep
 from workers.bootsteps.reconciler_step import ReconcilerStep
 from workers.bootsteps.seating import seat_generate_worker
+from workers.broker.broker import broker_config, new_app
 from workers.context import ContextHolder, WorkerContext
 from workers.control_commands import limit_remote_control
 from workers.flower_guard import install_flower_guard
 from workers.settings import WorkerSettings
-from workers.state.broker import broker_config, new_app
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.queues import GENERATE_QUEUE
 from workers.tasks import register_tasks
 
 
 def celery_config(settings: WorkerSettings) -> dict[str, Any]:
-    """The broker's configuration (workers/state/broker.py) and what a consuming worker adds to it."""
+    """The broker's configuration (workers/broker/broker.py) and what a consuming worker adds to it."""
     return {
         **broker_config(settings.broker),
         "worker_prefetch_multiplier": 1,

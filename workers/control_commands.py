@@ -25,7 +25,7 @@ A worker's revoked set takes nothing from the network. draftgen never revokes a 
 refused), yet Celery merges into the set the ids a `hello` carries and those in the replies to a worker's
 own `hello` at start-up (mingle, on under systemd), and discards every task whose id is there: a node that
 reads the queued task ids could have every worker drop them. Both are ignored here. (An expired task's id
-is the third way in: a message with an expiry never reaches Celery, workers/state/message_check.py.)
+is the third way in: a message with an expiry never reaches Celery, workers/broker/message_check.py.)
 
 `DRAFTGEN_REMOTE_CONTROL_COMMANDS=true` keeps Celery's own behaviour, for a machine whose every Redis
 user is trusted. Stop or restart a worker with its service manager (systemd, honcho), not a broadcast.

@@ -119,7 +119,7 @@ class RecordTooLarge(Refused):
 
 class MalformedMessage(Refused):
     """A queue item, broadcast or event that is not one of draftgen's messages
-    (workers/state/message_check.py): `reason` is one word to count it by, `detail` says what is wrong."""
+    (workers/broker/message_check.py): `reason` is one word to count it by, `detail` says what is wrong."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

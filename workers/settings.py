@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
+from workers.broker.broker import BrokerOptions
 from workers.errors import InvalidSetting
 from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, DEFAULT_LIVENESS_STALL_S
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S
@@ -27,7 +28,6 @@ from workers.recovery.reconciler import (
     DEFAULT_STRANDED_GRACE_S,
     ReconcileSettings,
 )
-from workers.state.broker import BrokerOptions
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

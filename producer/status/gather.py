@@ -32,14 +32,14 @@ from producer.status.figures import (
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
 from producer.status.quarantine_figures import quarantine_warning, read_quarantine
+from workers.broker.kombu_layout import waiting_messages
+from workers.broker.parked_messages import parked_counts
 from workers.record.manifest import decode_entry
 from workers.state.control import pause_state
 from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_messages
-from workers.state.parked_messages import parked_counts
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
 from workers.state.stats_fields import (

@@ -7,7 +7,7 @@ import msgspec
 
 from core.records import Record
 from producer.status.quarantine_figures import QuarantineFigures
-from workers.state.parked_messages import ParkedCount
+from workers.broker.parked_messages import ParkedCount
 
 
 class Progress(Record, frozen=True):

@@ -40,9 +40,9 @@ from tests.explorer.fleet import (
 )
 from tests.explorer.invariants import Invariants
 from tests.explorer.schedule import Killed, Process, Scheduler
+from workers.broker.kombu_layout import waiting_messages
 from workers.record.reading import read_enqueued_ids
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_messages
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE
 

@@ -57,6 +57,8 @@ from tests.support.malformed_messages import (
 )
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
+from workers.broker.message_check import why_malformed
+from workers.broker.parked_messages import park, parked_message
 from workers.context import WorkerContext
 from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batches import handle_generate
@@ -74,8 +76,6 @@ from workers.settings import WorkerSettings
 from workers.state.batch_priority import batch_priority
 from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
-from workers.state.message_check import why_malformed
-from workers.state.parked_messages import park, parked_message
 from workers.state.poison import (
     Evidence,
     PoisonPolicy,
@@ -228,7 +228,7 @@ class Bus:
     priority step, a batch dispatched again once begun in the first, new work in the one its id's class
     names (workers/state/batch_priority.py). Messages
     are as enqueue and the reconciler send them (a real one, with another call and eta); what a worker pops
-    is checked as its transport checks it (workers/state/message_check.py), and a malformed item is parked,
+    is checked as its transport checks it (workers/broker/message_check.py), and a malformed item is parked,
     never delivered."""
 
     def __init__(self, clock: FakeClock) -> None:

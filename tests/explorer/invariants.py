@@ -33,15 +33,15 @@ from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
 from producer.verify import verify_run
 from tests.explorer.fleet import RUN, Fleet, turn_answer
+from workers.broker.kombu_layout import waiting_envelopes
+from workers.broker.message_check import why_malformed
 from workers.record.manifest import MANIFEST_PREFIX, completion_keys, read_manifest
 from workers.record.parquet_io import read_completions
 from workers.record.reading import read_committed
 from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_envelopes
 from workers.state.ledger import RunLedger
-from workers.state.message_check import why_malformed
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 

@@ -36,10 +36,10 @@ from tests.support.redis_head import (
     redis_head_running,
 )
 from tests.support.stack import simulators_running
-from workers.state.broker import BrokerOptions, sending_app
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.kombu_layout import waiting_envelopes
 from workers.state.codec import encode_blob
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_envelopes
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY, UPLOAD_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES

@@ -14,11 +14,11 @@ from kombu.entity import Queue
 from redis.exceptions import LockNotOwnedError
 
 from tests.support import kombu_calls
-from workers.state.broker import BrokerOptions, sending_app
-from workers.state.broker_transport import TRANSPORT_PATH
-from workers.state.broker_without_lua import RedisWithoutLuaLocks
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.broker_transport import TRANSPORT_PATH
+from workers.broker.broker_without_lua import RedisWithoutLuaLocks
+from workers.broker.kombu_layout import waiting_messages
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.kombu_layout import waiting_messages
 from workers.state.queues import GENERATE_QUEUE
 
 pytestmark = pytest.mark.integration

@@ -25,6 +25,8 @@ from producer.run_access import pinned_settings
 from producer.work_order import MIN_TURNS_LEARNED
 from tests.support import kombu_calls
 from tests.support.records import completion
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.broker_transport import TRANSPORT_PATH
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import write_run_json
 from workers.record.reading import read_enqueued_ids
@@ -32,8 +34,6 @@ from workers.record.storage import open_store
 from workers.record.upload_settings import UploadSettings
 from workers.record.uploader import Uploader
 from workers.state.batch_priority import batch_priority
-from workers.state.broker import BrokerOptions, sending_app
-from workers.state.broker_transport import TRANSPORT_PATH
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger

@@ -22,13 +22,13 @@ from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
 from producer.enqueue_processes import Part, PartFailed, PartSpec, enqueue_in_parts
 from producer.errors import EnqueueBusy, SourceError
 from producer.publisher import BatchPublisher
+from workers.broker.broker import sending_app
+from workers.broker.kombu_layout import waiting_envelopes
 from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
 from workers.settings import WorkerSettings
-from workers.state.broker import sending_app
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 

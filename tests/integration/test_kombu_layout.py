@@ -1,4 +1,4 @@
-"""The reconciler reads kombu's Redis layout (workers/state/kombu_layout.py): these fail if kombu moves it."""
+"""The reconciler reads kombu's Redis layout (workers/broker/kombu_layout.py): these fail if kombu moves."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import redis
 
 from workers.app import make_app
+from workers.broker.kombu_layout import drop_unacked_of_batches, waiting_generate_batches, waiting_messages
 from workers.settings import WorkerSettings
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.kombu_layout import drop_unacked_of_batches, waiting_generate_batches, waiting_messages
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 
 pytestmark = pytest.mark.integration

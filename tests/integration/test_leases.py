@@ -20,11 +20,11 @@ from producer.enqueue import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from workers.app import make_app
+from workers.broker.kombu_layout import reserved_generate_batches, waiting_generate_batches, waiting_messages
 from workers.recovery.leases import Acquired, LeaseKeeper, decode_holder
 from workers.recovery.reconciler import Reconciler, ReconcileSettings
 from workers.settings import WorkerSettings
 from workers.state.keys import RunKeys
-from workers.state.kombu_layout import reserved_generate_batches, waiting_generate_batches, waiting_messages
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, queue_lists
 from workers.state.redis_client import redis_now_s

@@ -38,13 +38,13 @@ from tests.support.redis_head import (
     redis_head_running,
 )
 from tests.support.stack import simulators_running
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.parked_messages import park, parked_counts, parked_message, recent_parked
 from workers.errors import MalformedMessage
 from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store
-from workers.state.broker import BrokerOptions, sending_app
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY, RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.parked_messages import park, parked_counts, parked_message, recent_parked
 from workers.state.queues import (
     GENERATE_QUEUE,
     GENERATE_TASK,

@@ -16,8 +16,8 @@ from devstack.local_stack import ManagedProcess, free_port, start_redis, wait_un
 from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
+from workers.broker.kombu_layout import waiting_messages
 from workers.settings import DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_GRACE_S
-from workers.state.kombu_layout import waiting_messages
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, queue_lists
 

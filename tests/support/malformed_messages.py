@@ -7,9 +7,9 @@ import base64
 import json
 from typing import Any
 
-from workers.state.broker import BrokerOptions, sending_app
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.message_check import MAX_MESSAGE_BYTES
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.message_check import MAX_MESSAGE_BYTES
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
 
 IN_MEMORY = "memory://"  # kombu's in-process broker: real envelopes, no Redis

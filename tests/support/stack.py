@@ -19,13 +19,13 @@ from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from workers.broker.parked_messages import parked_counts, recent_parked
 from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
 from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPLOAD_MAX_COMPLETIONS
 from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.parked_messages import parked_counts, recent_parked
 from workers.state.runs import decode_run_settings
 
 README_WORKER_ENV = {  # over FAST_WORKER_ENV: the README's defaults, for scenarios that must hold as shipped

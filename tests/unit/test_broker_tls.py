@@ -7,9 +7,9 @@ import ssl
 import pytest
 
 from workers.app import celery_config
+from workers.broker.broker_tls import broker_use_ssl
 from workers.errors import InvalidSetting
 from workers.settings import WorkerSettings
-from workers.state.broker_tls import broker_use_ssl
 
 TLS_URL = "rediss://worker:pw@head:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/draftgen/redis-ca.pem"
 

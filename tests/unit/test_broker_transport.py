@@ -18,11 +18,11 @@ from kombu.transport import redis as kombu_redis
 
 from tests.support import kombu_calls
 from workers.app import make_app
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.broker_transport import TRANSPORT_PATH, Channel, Transport
+from workers.broker.kombu_layout import waiting_envelopes
 from workers.settings import WorkerSettings
-from workers.state.broker import BrokerOptions, sending_app
-from workers.state.broker_transport import TRANSPORT_PATH, Channel, Transport
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.kombu_layout import waiting_envelopes
 from workers.state.queues import GENERATE_QUEUE, KOMBU_PRIORITY_STEPS
 
 STOCK_TRANSPORT_PATH = "kombu.transport.redis:Transport"
@@ -97,7 +97,7 @@ def test_the_celery_app_uses_our_transport_for_every_redis_url_and_keeps_the_sch
 def test_the_kombu_methods_our_channel_repeats_are_those_it_was_written_from(
     method: Callable[..., Any],
 ) -> None:
-    # A kombu release that changed one: carry its change into workers/state/broker_transport.py, then here.
+    # A kombu release that changed one: carry its change into workers/broker/broker_transport.py, then here.
     assert (
         hashlib.sha256(inspect.getsource(method).encode()).hexdigest()[:16] == REPEATED_KOMBU_METHODS[method]
     )

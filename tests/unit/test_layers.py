@@ -63,14 +63,15 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 WORKERS_FLOOR = {"workers", "workers.errors", "workers.periodic"}
 WORKERS_ROOMS: dict[str, set[str]] = {
     "workers.state": set(),
+    "workers.broker": {"workers.state"},
     "workers.record": {"workers.state"},
-    "workers.recovery": {"workers.state"},
+    "workers.recovery": {"workers.state", "workers.broker"},
     "workers.generate": {"workers.state", "workers.recovery"},
 }
 # What the producer may import of workers: the floor, the rooms below the Celery edge that it uses (the
-# run state and its broker, the output record, recovery for a re-run's stranded batches), and the one
+# run state, the broker, the output record, recovery for a re-run's stranded batches), and the one
 # reader of the DRAFTGEN_* environment both sides share.
-PRODUCER_SEES = {"workers.state", "workers.record", "workers.recovery"}
+PRODUCER_SEES = {"workers.state", "workers.broker", "workers.record", "workers.recovery"}
 PRODUCER_ALSO_IMPORTS = {"workers.settings"}
 
 

@@ -27,15 +27,15 @@ from tests.support.malformed_messages import (
     without_property,
 )
 from workers.app import make_app
-from workers.settings import WorkerSettings
-from workers.state.dispatch import CeleryDispatcher
-from workers.state.message_check import (
+from workers.broker.message_check import (
     MAX_MESSAGE_BYTES,
     Malformation,
     read_queue_item,
     read_unacked_entry,
     why_malformed,
 )
+from workers.settings import WorkerSettings
+from workers.state.dispatch import CeleryDispatcher
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 RUN, BATCH = "run-1", "0123456789abcdef"

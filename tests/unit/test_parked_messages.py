@@ -18,16 +18,12 @@ from kombu.message import Message
 
 from tests.support import kombu_calls
 from workers.app import make_app
-from workers.errors import MalformedMessage
-from workers.settings import WorkerSettings
-from workers.state import parked_messages
-from workers.state.broker import BrokerOptions, sending_app
-from workers.state.broker_transport import TRANSPORT_PATH
-from workers.state.dispatch import CeleryDispatcher
-from workers.state.keys import PARKED_MESSAGES_KEY
-from workers.state.kombu_layout import waiting_envelopes
-from workers.state.message_check import Malformation, why_malformed
-from workers.state.parked_messages import (
+from workers.broker import parked_messages
+from workers.broker.broker import BrokerOptions, sending_app
+from workers.broker.broker_transport import TRANSPORT_PATH
+from workers.broker.kombu_layout import waiting_envelopes
+from workers.broker.message_check import Malformation, why_malformed
+from workers.broker.parked_messages import (
     UNACKED_QUEUE,
     UNREADABLE_RECORD,
     ParkedCount,
@@ -37,6 +33,10 @@ from workers.state.parked_messages import (
     parked_message,
     recent_parked,
 )
+from workers.errors import MalformedMessage
+from workers.settings import WorkerSettings
+from workers.state.dispatch import CeleryDispatcher
+from workers.state.keys import PARKED_MESSAGES_KEY
 from workers.state.queues import GENERATE_QUEUE, GENERATE_TASK, KOMBU_UNACKED_INDEX_KEY, KOMBU_UNACKED_KEY
 
 RUN, BATCH = "run-1", "0123456789abcdef"

@@ -16,8 +16,8 @@ from producer.cli import main as producer_main
 from producer.enqueue import pin_settings
 from producer.metrics_exporter import DraftgenCollector
 from producer.status.gather import gather_status
+from workers.broker.parked_messages import ParkedCount, park, parked_message
 from workers.errors import MalformedMessage
-from workers.state.parked_messages import ParkedCount, park, parked_message
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
 
 RUN = "parked-views"

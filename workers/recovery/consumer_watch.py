@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import redis
 
+from workers.broker.kombu_layout import waiting_messages
 from workers.periodic import PeriodicThread
 from workers.state.exit_notes import leave_exit_note
-from workers.state.kombu_layout import waiting_messages
 from workers.state.queues import GENERATE_QUEUE
 
 log = logging.getLogger(__name__)

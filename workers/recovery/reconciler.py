@@ -25,16 +25,16 @@ from dataclasses import dataclass
 
 import redis
 
+from workers.broker.kombu_layout import (
+    drop_unacked_of_batches,
+    reserved_generate_batches,
+    waiting_generate_batches,
+)
 from workers.periodic import PeriodicThread
 from workers.recovery.leases import decode_holder
 from workers.recovery.seat import TakenSeat
 from workers.state.dispatch import Dispatcher
 from workers.state.keys import KEY_PREFIX, RUNS_KEY, RunKeys
-from workers.state.kombu_layout import (
-    drop_unacked_of_batches,
-    reserved_generate_batches,
-    waiting_generate_batches,
-)
 from workers.state.protocol import Scripts
 from workers.state.redis_client import redis_now_s
 

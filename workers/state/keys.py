@@ -19,7 +19,7 @@ EXIT_NOTES_KEY_PREFIX = (
     f"{KEY_PREFIX}:exits:"  # + GPU label: why its worker ended itself to be restarted (TTL)
 )
 SEAT_CHANNEL_PREFIX = f"{KEY_PREFIX}:seat:"  # + GPU label + ":" + token: its holder's subscription
-# Malformed messages a consumer took off a queue or heard on a channel (workers/state/parked_messages.py):
+# Malformed messages a consumer took off a queue or heard on a channel (workers/broker/parked_messages.py):
 PARKED_MESSAGES_KEY = f"{KEY_PREFIX}:parked_messages"  # list, newest first, trimmed: each one's JSON record
 PARKED_COUNTS_KEY = f"{KEY_PREFIX}:parked_message_counts"  # hash "<queue>|<reason>" -> parked ever
 RUN_NAME_MAX_CHARS = 128

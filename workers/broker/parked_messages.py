@@ -5,7 +5,7 @@ broadcast parks its own copy) parks it in one transaction: `draftgen:parked_mess
 PARKED_KEPT records (reason, detail, queue, when, size, and the first PREVIEW_BYTES of its bytes), and
 `draftgen:parked_message_counts` counts every one by queue and reason, for `status` and the metrics.
 A process whose Redis user may not write there (Flower's) logs the message and drops it. Nothing in a
-parked message is work: draftgen's own messages always pass the check (workers/state/message_check.py),
+parked message is work: draftgen's own messages always pass the check (workers/broker/message_check.py),
 and a batch whose message was lost is dispatched again by the reconciler.
 """
 
@@ -18,9 +18,9 @@ import msgspec
 import redis
 
 from core.records import Record
+from workers.broker.message_check import Malformation
 from workers.errors import MalformedMessage
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY
-from workers.state.message_check import Malformation
 from workers.state.queues import EVENT_QUEUE_PREFIX, QUEUES
 
 log = logging.getLogger(__name__)

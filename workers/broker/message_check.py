@@ -5,7 +5,7 @@ that is not base64, a time limit that is a number) raised out of the event loop 
 of the queue, and every subscriber of the broadcast. So each item is bounded before it is decoded, and
 everything kombu and Celery read of it is checked to be what draftgen's own senders write
 (workers/state/queues.py describes the layout). A message that fails is parked, never delivered
-(workers/state/broker_transport.py, workers/state/parked_messages.py).
+(workers/broker/broker_transport.py, workers/broker/parked_messages.py).
 
 Every item (tasks, remote-control broadcasts and replies, events): at most MAX_MESSAGE_BYTES; a JSON
 object whose `properties` hold a string `delivery_tag`, `body_encoding` base64 and a `delivery_info`

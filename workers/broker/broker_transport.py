@@ -13,13 +13,13 @@ the failure is a `redis.exceptions.ConnectionError`, which Celery's reconnect lo
 then come back through the visibility timeout, as they would after a kill).
 
 And the channel runs no Lua: what kombu does through scripts is done with plain commands
-(workers/state/broker_without_lua.py), so a consumer's Redis user needs no EVAL.
+(workers/broker/broker_without_lua.py), so a consumer's Redis user needs no EVAL.
 
 And no message ends a consumer. kombu decodes what it pops and delivers it, trusting every byte: one
 malformed item on a queue, in the `unacked` hash or on a channel raised out of the event loop and ended
-the worker. Here every item is checked from its raw bytes (workers/state/message_check.py) where kombu
+the worker. Here every item is checked from its raw bytes (workers/broker/message_check.py) where kombu
 would decode it (`_brpop_read`, `_get`, `_receive_one`, and restoring an unacked message); one that
-fails is parked (workers/state/parked_messages.py) and the consumer reads on. The item is already off
+fails is parked (workers/broker/parked_messages.py) and the consumer reads on. The item is already off
 its list then, so parking it loses nothing. A broadcast, a reply or an event (nothing to acknowledge)
 that passes the check but that its consumer raises on is parked too; a task message is checked whole,
 so Celery gets only what draftgen sends. Errors of the connection itself still reach Celery's reconnect.
@@ -38,13 +38,13 @@ import redis.exceptions
 from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
 
+from workers.broker.broker_without_lua import RedisWithoutLuaLocks, RefreshBinding, SweepBindings
+from workers.broker.message_check import Malformation, read_queue_item, read_unacked_entry
+from workers.broker.parked_messages import UNACKED_QUEUE, ParkedMessage, park_or_drop, parked_message
 from workers.errors import MalformedMessage
-from workers.state.broker_without_lua import RedisWithoutLuaLocks, RefreshBinding, SweepBindings
-from workers.state.message_check import Malformation, read_queue_item, read_unacked_entry
-from workers.state.parked_messages import UNACKED_QUEUE, ParkedMessage, park_or_drop, parked_message
 from workers.state.queues import KOMBU_PRIORITY_STEPS, TASK_OF_QUEUE
 
-TRANSPORT_PATH = "workers.state.broker_transport:Transport"
+TRANSPORT_PATH = "workers.broker.broker_transport:Transport"
 REDIS_SCHEMES = ("redis", "rediss")
 
 

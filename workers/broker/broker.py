@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from workers.broker.broker_tls import broker_use_ssl
 from workers.state.batch_priority import UNCLASSED_BATCH_PRIORITY
-from workers.state.broker_tls import broker_use_ssl
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
@@ -64,7 +64,7 @@ def new_app(options: BrokerOptions) -> Celery:
     """A Celery app on draftgen's broker, with draftgen's transport; the caller adds what it runs."""
     from celery import Celery
 
-    from workers.state.broker_transport import use_for_redis_urls  # kombu, like Celery, only here
+    from workers.broker.broker_transport import use_for_redis_urls  # kombu, like Celery, only here
 
     use_for_redis_urls()
     app = Celery(APP_NAME)
