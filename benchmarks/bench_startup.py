@@ -1,4 +1,4 @@
-"""How long a `python -m producer` or `python -m inference` command takes to start, whole process.
+"""How long a `python -m producer`, `inference` or `node` command takes to start, whole process.
 
 Each command runs several times in a fresh interpreter; the median wall time is printed. Commands
 that need neither Celery nor the openai client (help, argument errors, `files`, `verify` and `status`
@@ -38,6 +38,7 @@ def commands(redis_url: str) -> dict[str, list[str]]:
         "producer verify (Redis down)": [*producer, "verify", "--run", "r"],
         "producer status (Redis down)": [*producer, "status", "--run", "r"],
         "inference --help": ["-m", "inference", "--help"],
+        "node --help": ["-m", "node", "--help"],
     }
 
 

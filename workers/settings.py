@@ -162,14 +162,14 @@ class WorkerSettings:
 # DRAFTGEN_* variables read by other parts of draftgen: known, so never refused as unknown.
 OTHER_VARIABLES = {
     "SERVER_HOST": "with GPU and BASE_PORT, the server's URL (here)",
-    "BASE_PORT": "GPU i's server listens on BASE_PORT + i (here, and `python -m inference serve`)",
+    "BASE_PORT": "GPU i's server listens on BASE_PORT + i (here, and `python -m node serve`)",
     "OUTPUT": "the default --output of a new run (producer/settings.py)",
     "FLOWER_OPEN_API": "1: Flower's API may stay open without a login (workers/flower_guard.py)",
     "PRICE_PER_GPU_HOUR": "the cost figures of `producer status` (producer/status_cli.py)",
     "MODEL_SOURCE": "where `inference stage` copies the model from (deploy/ units)",
     "MODEL_PATH": "the staged model `inference serve` loads (Procfile, deploy/ units)",
-    "SERVED_MODEL_NAME": "`inference serve` (inference/node/cli.py)",
-    "SGLANG_HOST": "the address SGLang listens on, `inference serve` (inference/node/cli.py)",
+    "SERVED_MODEL_NAME": "`inference serve` (node/cli.py)",
+    "SGLANG_HOST": "the address SGLang listens on, `inference serve` (node/cli.py)",
     "SERVE_ARGS": "more options of `inference serve` (deploy/systemd/draftgen-sglang@.service)",
 }
 MAX_PORT = 65535

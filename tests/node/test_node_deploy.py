@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.exit_codes import EXIT_OK
-from inference.node.cli import register
+from node.cli import register
 from workers.bootsteps.seating import EXIT_SEAT_REFUSED
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -81,7 +81,7 @@ def test_the_server_unit_runs_serve_for_its_gpu_with_arguments_serve_accepts(
     # Given the unit's command line for instance 3, with DRAFTGEN_SERVE_ARGS set as in the example env file
     [exec_start] = unit("draftgen-sglang@.service")["ExecStart"]
     argv = shlex.split(exec_start.replace("%i", "3"))
-    assert argv[1:4] == ["-m", "inference", "serve"]
+    assert argv[1:4] == ["-m", "node", "serve"]
     example = (DEPLOY / "draftgen.env.example").read_text()
     [serve_args] = [line for line in example.splitlines() if line.startswith("#DRAFTGEN_SERVE_ARGS=")]
     # systemd strips the quotes, then splits an unbraced $VAR at whitespace

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from inference.node.command import build_commands
-from inference.node.errors import LaunchError, ServerExited
-from inference.node.launcher import StopRequest, notify_systemd, run_fleet
-from inference.node.settings import ServeSettings
+from node.command import build_commands
+from node.errors import LaunchError, ServerExited
+from node.launcher import StopRequest, notify_systemd, run_fleet
+from node.settings import ServeSettings
 
 FAST_POLL_S = 0.05
 SHORT_GRACE_S = 5.0
@@ -140,7 +140,7 @@ def test_sigterm_to_serve_is_forwarded_to_every_server_and_serve_exits_zero(
     # Given `serve` running two fake servers as a real process
     logs = tmp_path / "logs"
     serve = subprocess.Popen(
-        [sys.executable, "-m", "inference.node", "serve", "--model-path", "/dev/shm/Tiny", "--gpus", "0,1",
+        [sys.executable, "-m", "node", "serve", "--model-path", "/dev/shm/Tiny", "--gpus", "0,1",
          "--base-port", "39100", "--log-dir", str(logs), "--sglang-executable", str(fake_sglang),
          "--no-wait"],
         cwd=REPO_ROOT,

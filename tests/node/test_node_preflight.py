@@ -16,11 +16,12 @@ import pytest
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from core.records import SamplingSettings
-from inference.cli import build_parser, main
 from inference.errors import InferenceRejected, InferenceUnavailable
-from inference.node.errors import OptionError
-from inference.node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
-from inference.node.preflight.outcomes import (
+from inference.simulator import SimulatorProcess, SimulatorSettings
+from node.cli import build_parser, main
+from node.errors import OptionError
+from node.preflight.judging import Finding, Level, Verdict, judge, suggest_max_tokens, verdict_of
+from node.preflight.outcomes import (
     PromptOutcome,
     ServerReading,
     answered,
@@ -28,9 +29,8 @@ from inference.node.preflight.outcomes import (
     server_reading,
     summarize,
 )
-from inference.node.preflight.report import build_report
-from inference.node.preflight_cli import sampling_from_args
-from inference.simulator import SimulatorProcess, SimulatorSettings
+from node.preflight.report import build_report
+from node.preflight_cli import sampling_from_args
 
 URL = "http://gpu-0:30000"
 BUDGET = 4096
@@ -292,7 +292,7 @@ def test_an_unreachable_server_fails_with_the_clients_message_and_how_to_check()
 
     failure = only(findings, Level.FAIL)
     assert "8 of 8 requests got no completion: no answer from http://gpu-0:30000" in failure.problem
-    assert "python -m inference wait --url http://gpu-0:30000" in failure.advice
+    assert "python -m node wait --url http://gpu-0:30000" in failure.advice
 
 
 def test_a_refused_request_fails_with_the_servers_message() -> None:

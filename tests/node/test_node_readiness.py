@@ -12,8 +12,8 @@ import pytest
 
 from core.exit_codes import EXIT_OK
 from inference.errors import ServerNotReady
-from inference.node.cli import EXIT_NOT_READY, register
 from inference.readiness import Probe, ReadinessTarget, Stage, log_tail, wait_until_ready
+from node.cli import EXIT_NOT_READY, register
 
 FAST_PROBE_S = 0.05
 SHORT_TIMEOUT_S = 0.6

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from core.exit_codes import EXIT_OK, EXIT_USAGE
-from inference.node import command as command_module
-from inference.node.cli import register, wide_bind_warning
-from inference.node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets
-from inference.node.errors import OptionError
-from inference.node.settings import (
+from node import command as command_module
+from node.cli import register, wide_bind_warning
+from node.command import LAUNCHER_ARGS, MANAGED_FLAGS, build_command, build_commands, mask_secrets
+from node.errors import OptionError
+from node.settings import (
     ServeSettings,
     SpeculativeAlgorithm,
     SpeculativeSettings,

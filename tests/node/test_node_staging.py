@@ -13,10 +13,10 @@ import boto3
 import pytest
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK
-from inference.node.cli import register
-from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
-from inference.node.model_sources import LocalSource, SourceFile, open_source
-from inference.node.staging import INDEX_FILE, default_destination, stage_model
+from node.cli import register
+from node.errors import NotEnoughRoom, StagingError, VerificationFailed
+from node.model_sources import LocalSource, SourceFile, open_source
+from node.staging import INDEX_FILE, default_destination, stage_model
 
 BUCKET = "models"
 PLENTY_OF_ROOM_BYTES = 10**12

@@ -139,7 +139,7 @@ class Stack:
 
 
 def simulators(count: int, **settings: object) -> list[SimulatorProcess]:
-    """Simulated GPUs with metrics on, as `python -m inference serve` starts SGLang (liveness reads them)."""
+    """Simulated GPUs with metrics on, as `python -m node serve` starts SGLang (liveness reads them)."""
     options = {"enable_metrics": True, **settings}
     return [SimulatorProcess(SimulatorSettings(**options)).start() for _ in range(count)]  # type: ignore[arg-type]
 

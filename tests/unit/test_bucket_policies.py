@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inference.node.model_sources import S3Source
+from node.model_sources import S3Source
 from producer.export.exporter import PLAN_KEY, RECORD_KEY, SHARD_RECORDS_PREFIX
 from producer.gc import collect_orphans
 from tests.support.iam_policies import RecordingS3, Request, grammar_errors, is_allowed

@@ -10,7 +10,7 @@ PACKAGES = (
     "core",
     "inference",
     "intake",
-    "inference/node",
+    "node",
     "workers",
     "producer",
     "devstack",

@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # The modules that exist to talk to Celery (or are the processes' edges); every other may not build an app.
 MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
 # The layers, lowest first: each imports only itself and the layers before it. A module is in the layer of
-# the longest name it starts with: the node tools (`inference.node`) stand on what a run reads (`intake`),
+# the longest name it starts with: the node tools (`node`) stand on what a run reads (`intake`),
 # which stands on what talks to SGLang (`inference`), on the floor (`core`).
-LAYERS = ("core", "inference", "intake", "inference.node", "workers", "producer", "devstack")
-PACKAGES = ("core", "inference", "intake", "workers", "producer", "devstack")
+LAYERS = ("core", "inference", "intake", "node", "workers", "producer", "devstack")
+PACKAGES = ("core", "inference", "intake", "node", "workers", "producer", "devstack")
 
 
 def layer_of(module: str) -> str | None:

@@ -42,7 +42,7 @@ def test_the_node_runs_redis_one_uploader_and_flower() -> None:
 
 def test_each_server_line_builds_a_valid_sglang_command() -> None:
     command = shlex.split(PROCESSES["sglang3"].replace("$DRAFTGEN_MODEL_PATH", "/dev/shm/Qwen3.6-27B"))
-    assert command[:3] == ["python", "-m", "inference"]
+    assert command[:3] == ["python", "-m", "node"]
     result = subprocess.run(
         [sys.executable, *command[1:], "--dry-run"],
         cwd=PROJECT_ROOT,

@@ -35,9 +35,10 @@ def heavy_modules_after(code: str) -> list[str]:
     [
         "from producer.cli import build_parser; build_parser()",
         "from inference.cli import build_parser; build_parser()",
+        "from node.cli import build_parser; build_parser()",
         "import workers.settings, producer.settings",
     ],
-    ids=["producer parsers", "inference parsers", "settings"],
+    ids=["producer parsers", "inference parsers", "node parsers", "settings"],
 )
 def test_building_the_command_line_imports_no_heavy_library(code: str) -> None:
     assert heavy_modules_after(code) == []

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from inference.node.errors import OptionError
 from inference.readiness import DEFAULT_READY_TIMEOUT_S
 from inference.sglang_defaults import REFERENCE_MAX_RUNNING_REQUESTS, SGLANG_BASE_PORT
+from node.errors import OptionError
 
 DEFAULT_BASE_PORT = SGLANG_BASE_PORT
 """GPU i listens on DEFAULT_BASE_PORT + i; workers find their server the same way."""

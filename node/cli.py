@@ -10,15 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from core.addresses import is_loopback
+from core.command_line import commands_parser, run_command
 from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from inference.errors import ServerNotReady
-from inference.node.command import build_commands
-from inference.node.errors import NodeError, OptionError, ServerExited
-from inference.node.launcher import StopRequest, run_fleet, stop_on_signals
-from inference.node.model_sources import open_source
-from inference.node.preflight_cli import register_preflight
-from inference.node.progress import RichStageProgress
-from inference.node.settings import (
+from inference.readiness import (
+    DEFAULT_PROBE_INTERVAL_S,
+    DEFAULT_READY_TIMEOUT_S,
+    Probe,
+    ReadinessTarget,
+    wait_until_ready,
+)
+from node.command import build_commands
+from node.errors import NodeError, OptionError, ServerExited
+from node.launcher import StopRequest, run_fleet, stop_on_signals
+from node.model_sources import open_source
+from node.preflight_cli import register_preflight
+from node.progress import RichStageProgress
+from node.settings import (
     DEFAULT_API_KEY_ENV,
     DEFAULT_BASE_PORT,
     DEFAULT_CONTEXT_LENGTH_TOKENS,
@@ -39,15 +47,8 @@ from inference.node.settings import (
     read_api_key,
     sibling_executable,
 )
-from inference.node.staging import default_destination, stage_model
-from inference.node.units import human_bytes
-from inference.readiness import (
-    DEFAULT_PROBE_INTERVAL_S,
-    DEFAULT_READY_TIMEOUT_S,
-    Probe,
-    ReadinessTarget,
-    wait_until_ready,
-)
+from node.staging import default_destination, stage_model
+from node.units import human_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +63,9 @@ ENV_MAX_RUNNING_REQUESTS = "DRAFTGEN_MAX_IN_FLIGHT"
 """The generate worker's in-flight window: the server's slots and the worker's window stay equal."""
 
 SERVE_EPILOG = f"""examples:
-  python -m inference serve --model-path /dev/shm/Qwen3.6-27B --gpus 0-6 --dry-run
-  python -m inference serve --gpu 3                    # one GPU, as the systemd unit runs it
-  python -m inference serve --gpus 0,1 -- --log-requests --cuda-graph-max-bs-decode 64
+  python -m node serve --model-path /dev/shm/Qwen3.6-27B --gpus 0-6 --dry-run
+  python -m node serve --gpu 3                    # one GPU, as the systemd unit runs it
+  python -m node serve --gpus 0,1 -- --log-requests --cuda-graph-max-bs-decode 64
 
 Options fall back to ${ENV_MODEL_PATH}, ${ENV_SERVED_MODEL_NAME}, ${ENV_BASE_PORT}, ${ENV_HOST}
 and ${ENV_MAX_RUNNING_REQUESTS} (for --max-running-requests). Flags after '--' go to SGLang verbatim.
@@ -304,11 +305,23 @@ def _fail(error: NodeError | ServerNotReady, exit_code: int) -> int:
     return exit_code
 
 
+DESCRIPTION = "The tools a GPU node runs around SGLang: stage the model, serve it, wait for it, judge a run."
+EPILOG = """on a GPU node, in order:
+  python -m node stage s3://bucket/models/Qwen3.6-27B              # to /dev/shm, verified, resumable
+  python -m node serve --model-path /dev/shm/Qwen3.6-27B --gpus 0-6  # one server per GPU, until ready
+  python -m node wait --url http://127.0.0.1:30000                  # a server started some other way
+  python -m node preflight --url http://127.0.0.1:30000 --max-tokens 32768  # a verdict before the run
+without a GPU, `python -m inference simulate --port 30000` stands in for SGLang.
+docs/gpu-nodes.md and docs/simulator.md tell more.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, subparsers = commands_parser("python -m node", DESCRIPTION, EPILOG)
+    register(subparsers)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m inference.node`: the same commands without the rest of `python -m inference`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="python -m inference.node")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    exit_code: int = args.handler(args)
-    return exit_code
+    """`python -m node <command>`."""
+    return run_command(build_parser(), argv)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.records import Quality, SamplingSettings
-from inference.node.preflight.outcomes import PromptOutcome, ServerReading, Totals
 from inference.quality import FINISH_LENGTH
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
+from node.preflight.outcomes import PromptOutcome, ServerReading, Totals
 
 FAIL_SHARE = 0.5
 """At least this share of answers unusable for one reason fails the preflight; any smaller share warns."""
@@ -95,7 +95,7 @@ def request_error_findings(outcomes: Sequence[PromptOutcome], url: str) -> list[
                 Level.FAIL if nothing_answered else Level.WARN,
                 f"{_count(len(unanswered), total)} requests got no completion: {_quoted_errors(unanswered)}",
                 (
-                    f"check that the server is up and reachable: `python -m inference wait --url {url}`; "
+                    f"check that the server is up and reachable: `python -m node wait --url {url}`; "
                     "SGLang binds 127.0.0.1 unless started with --host 0.0.0.0, and refuses connections "
                     "while it loads weights; a timeout means --timeout is shorter than a long completion"
                 )
@@ -160,7 +160,7 @@ def _think_tag_findings(done: Sequence[PromptOutcome], server: ServerReading) ->
             Level.FAIL,
             f"{_count(len(tagged), len(done))} answers contain <think> tags: "
             "the thinking is mixed into the answer instead of reasoning_content",
-            f"{parser}: start SGLang with --reasoning-parser qwen3 (what `python -m inference serve` "
+            f"{parser}: start SGLang with --reasoning-parser qwen3 (what `python -m node serve` "
             "passes) or the parser matching the model's chat template",
         )
     ]
@@ -280,7 +280,7 @@ def speculative_findings(totals: Totals, server: ServerReading) -> list[Finding]
                 Level.NOTE,
                 "no speculative-decoding statistics: the server seems to run without speculative decoding",
                 "the reference setup runs the model's MTP heads (NEXTN, about 3.5 tokens per step), "
-                "which `python -m inference serve` enables by default",
+                "which `python -m node serve` enables by default",
             )
         ]
     if accept < LOW_ACCEPT_LENGTH_TOKENS:

@@ -1,4 +1,4 @@
-"""`python -m inference preflight --url URL [run settings]`: a few real completions, a verdict, advice.
+"""`python -m node preflight --url URL [run settings]`: a few real completions, a verdict, advice.
 
 The sampling options are the ones `python -m producer enqueue` takes (and `--config run.toml` is read
 the same way), so the settings checked here are the settings the run will use.
@@ -25,13 +25,13 @@ from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from core.records import SamplingSettings
 from core.run_settings.options import add_sampling_options, stated_sampling_options
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
-from inference.node.errors import OptionError
-from inference.node.preflight.judging import Level, Verdict
-from inference.node.preflight.outcomes import PromptOutcome
-from inference.node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
-from inference.node.preflight.report import PreflightReport, report_to_json
-from inference.node.preflight.run_files import run_prompts, run_sampling
-from inference.node.settings import DEFAULT_API_KEY_ENV, read_api_key
+from node.errors import OptionError
+from node.preflight.judging import Level, Verdict
+from node.preflight.outcomes import PromptOutcome
+from node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
+from node.preflight.report import PreflightReport, report_to_json
+from node.preflight.run_files import run_prompts, run_sampling
+from node.settings import DEFAULT_API_KEY_ENV, read_api_key
 
 REPORT_WIDTH_COLUMNS = 120
 """Width of the report when stdout is not a terminal (a file, a pipe, CI logs)."""
@@ -46,9 +46,9 @@ VERDICT_STYLES = {
 }
 
 PREFLIGHT_EPILOG = f"""examples:
-  python -m inference preflight --url http://127.0.0.1:30000
-  python -m inference preflight --url http://127.0.0.1:30000 --model Qwen3.6-27B --max-tokens 32768
-  python -m inference preflight --url http://gpu-3:30000 --config run.toml --prompts prompts.jsonl --json
+  python -m node preflight --url http://127.0.0.1:30000
+  python -m node preflight --url http://127.0.0.1:30000 --model Qwen3.6-27B --max-tokens 32768
+  python -m node preflight --url http://gpu-3:30000 --config run.toml --prompts prompts.jsonl --json
 
 Sends {DEFAULT_PROMPT_COUNT} varied prompts (math, code, explanation, multi-turn) at once, or the first
 --count of --prompts, with exactly the settings a run sends, and judges the answers: reasoning
@@ -137,7 +137,7 @@ def preflight_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
-    from inference.node.preflight.run import run_preflight  # openai: only when asking a server
+    from node.preflight.run import run_preflight  # openai: only when asking a server
 
     report = asyncio.run(
         run_preflight(args.url, prompts, sampling, api_key=api_key, request_timeout_s=args.timeout)

@@ -23,8 +23,6 @@ from datetime import UTC, datetime
 from typing import IO
 
 from core.private_files import write_private
-from inference.node.command import ServerCommand
-from inference.node.errors import LaunchError, ServerExited
 from inference.readiness import (
     DEFAULT_PROBE_INTERVAL_S,
     DEFAULT_READY_TIMEOUT_S,
@@ -33,6 +31,8 @@ from inference.readiness import (
     log_tail,
     wait_all_ready,
 )
+from node.command import ServerCommand
+from node.errors import LaunchError, ServerExited
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.node.errors import OptionError
-from inference.node.settings import ServeSettings
+from node.errors import OptionError
+from node.settings import ServeSettings
 
 LAUNCHER_ARGS = ("serve", "--model-type", "llm")
 GPU_ENV_VAR = "CUDA_VISIBLE_DEVICES"
@@ -174,7 +174,7 @@ def check_extra_args(extra_args: tuple[str, ...], *, secrets_file: bool = False)
         if name in MANAGED_FLAGS:
             raise OptionError(
                 f"{name} after '--' would override the value serve sets itself; "
-                f"use serve's own option for it (see `python -m inference serve --help`)"
+                f"use serve's own option for it (see `python -m node serve --help`)"
             )
 
 

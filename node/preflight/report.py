@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 
 from core.records import SamplingSettings
-from inference.node.preflight.judging import Finding, Verdict, judge, verdict_of
-from inference.node.preflight.outcomes import PromptOutcome, ServerReading, Totals, summarize
+from node.preflight.judging import Finding, Verdict, judge, verdict_of
+from node.preflight.outcomes import PromptOutcome, ServerReading, Totals, summarize
 
 SERVER_JSON_NAMES = {"context_length_tokens": "context_length"}
 """ServerReading fields named otherwise in the JSON (SGLang's own name)."""

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from core.s3 import S3_SCHEME, is_s3_url, parse_s3_url, s3_client
-from inference.node.errors import StagingError
+from node.errors import StagingError
 
 COPY_CHUNK_BYTES = 16 * 1024 * 1024
 

@@ -11,11 +11,11 @@ NodeError                    anything this package raises on purpose
 
 from __future__ import annotations
 
-from inference.node.units import human_bytes
+from node.units import human_bytes
 
 
 class NodeError(Exception):
-    """Root of every error raised on purpose by `inference.node`."""
+    """Root of every error raised on purpose by `node`."""
 
 
 class OptionError(NodeError, ValueError):

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Protocol
 
 from core.safe_paths import stays_inside
-from inference.node.errors import NotEnoughRoom, StagingError, VerificationFailed
-from inference.node.model_sources import ModelSource, SourceFile
-from inference.node.units import human_bytes
+from node.errors import NotEnoughRoom, StagingError, VerificationFailed
+from node.model_sources import ModelSource, SourceFile
+from node.units import human_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -11,16 +11,16 @@ from core.records import SamplingSettings
 from inference.client import SGLangClient
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
 from inference.errors import InferenceError
-from inference.node.preflight.outcomes import (
+from inference.server_probe import ServerProbe
+from node.preflight.outcomes import (
     PromptOutcome,
     ServerReading,
     outcome_of_error,
     outcome_of_result,
     server_reading,
 )
-from inference.node.preflight.prompts import PreflightPrompt
-from inference.node.preflight.report import PreflightReport, build_report
-from inference.server_probe import ServerProbe
+from node.preflight.prompts import PreflightPrompt
+from node.preflight.report import PreflightReport, build_report
 
 SERVER_INFO_TIMEOUT_S = 10.0
 RID_PREFIX = "preflight"

@@ -15,10 +15,10 @@ from typing import Any
 from core.errors import SettingsRefused
 from core.records import SamplingSettings
 from core.run_settings.layers import read_toml, stated_settings
-from inference.node.errors import OptionError
-from inference.node.preflight.prompts import PreflightPrompt
 from intake.errors import SourceError
 from intake.rejected import RejectedRow
+from node.errors import OptionError
+from node.preflight.prompts import PreflightPrompt
 
 
 def run_sampling(config: Path | None, options: Mapping[str, Any]) -> SamplingSettings:

@@ -1,3 +1,0 @@
-from inference.node.cli import main
-
-raise SystemExit(main())
