@@ -45,7 +45,7 @@ from devstack.local_stack import free_port, start_celery_worker, start_redis, wa
 from devstack.runs import enqueue_run
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
-from producer.verify import verify_run
+from producer.upkeep.verify import verify_run
 from workers.record.storage import open_store
 from workers.state.ledger import RunLedger
 

@@ -54,7 +54,7 @@ POLL_S = 0.1
 # The cut-off worker: seated, holding a batch's lease; it says on stdout what it sees, with its clock.
 HOLDER = """
 import sys, time
-from producer.enqueue import Enqueuer, pin_settings
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
 from core.records import Message, Prompt, SamplingSettings
 from workers.recovery.leases import LeaseKeeper
 from workers.recovery.seat import Seat

@@ -64,7 +64,7 @@ class Prompt(Record, frozen=True, omit_defaults=True):
     turn_ends: list[int] = []
     known_answer_chars: int = 0
     """The length of the dataset's own answers to the turns asked (0: it gives none): a hint of how long
-    the work takes, for its order only (producer/work_order.py)."""
+    the work takes, for its order only (producer/enqueue/work_order.py)."""
 
     def place(self) -> str:
         return row_place(self.row, self.file)

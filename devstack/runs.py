@@ -9,8 +9,8 @@ import redis
 
 from core.records import Prompt
 from core.run_settings.model import RunSettings
-from producer.enqueue import Enqueuer, pin_settings
-from producer.publisher import BatchPublisher
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
+from producer.enqueue.publisher import BatchPublisher
 from workers.broker.broker import sending_app
 from workers.record.output_pin import write_run_json
 from workers.record.storage import open_store

@@ -9,17 +9,17 @@ import os
 import sys
 
 from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
-from core.run_settings.options import add_run_options
-from producer.deferred import Deferred
 from producer.errors import ProducerError, as_producer_error, lower_errors
-from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS, ProducerSettings
+from producer.settings import ProducerSettings
 
-# More sub-commands: each module exposes `register(subparsers)`, adding parsers whose `handler`
-# takes (args, ProducerSettings) and returns an exit code.
+# The commands, a folder each: its parser.py exposes `register(subparsers)`, adding parsers whose `handler`
+# (in its command.py, imported when it runs) takes (args, ProducerSettings) and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
-    "producer.export_cli",
-    "producer.report_cli",
-    "producer.status_parsers",
+    "producer.enqueue.parser",
+    "producer.upkeep.parser",
+    "producer.export.parser",
+    "producer.report.parser",
+    "producer.status.parser",
 )
 
 HELP_EPILOG = """examples:
@@ -33,25 +33,6 @@ HELP_EPILOG = """examples:
 """
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be above 0")
-    return value
-
-
-def _enqueue_processes(text: str) -> int:
-    value = _positive_int(text)
-    if value > MAX_ENQUEUE_PROCESSES:
-        raise argparse.ArgumentTypeError(
-            f"{value} is more than {MAX_ENQUEUE_PROCESSES} (each holds its own Redis and broker connections)"
-        )
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m producer",
@@ -62,64 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redis-url", help="default: $DRAFTGEN_REDIS_URL or redis://127.0.0.1:6379/0")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    enqueue = commands.add_parser("enqueue", help="add a dataset's prompts to a run (only what is new)")
-    enqueue.add_argument("data", help="JSONL/Parquet file or folder, s3://bucket/key, or a datasets folder")
-    enqueue.add_argument("--run", required=True, help="the run's name")
-    enqueue.add_argument(
-        "--max-row-bytes",
-        dest="max_row_bytes",
-        type=_positive_int,
-        help="reject rows longer than this (default: what the longest context leaves beside max_tokens, "
-        "8 bytes a token: 8 MB at 32768); not pinned",
-    )
-    enqueue.add_argument(
-        "--processes",
-        type=_enqueue_processes,
-        help="processes that classify, claim and publish, each on its own ids (default: one per core once "
-        f"the input holds over {PROCESSES_MIN_ROWS:,} rows, at most {MAX_ENQUEUE_PROCESSES}); not pinned",
-    )
-    add_run_options(enqueue)
-    enqueue.set_defaults(handler=Deferred("producer.enqueue_command", "cmd_enqueue"))
-
-    verify = commands.add_parser(
-        "verify", help="check every prompt is committed exactly once or dead-lettered"
-    )
-    verify.add_argument("--run", required=True)
-    verify.add_argument(
-        "--output",
-        dest="output",
-        default=None,
-        help="prove it from this output (folder or s3://) alone, without Redis",
-    )
-    verify.set_defaults(handler=Deferred("producer.commands", "cmd_verify"))
-
-    gc = commands.add_parser(
-        "gc", help="remove the objects of committed parts that their manifest entry does not name"
-    )
-    gc.add_argument("--run", required=True)
-    gc.add_argument("--dry-run", action="store_true")
-    gc.set_defaults(handler=Deferred("producer.commands", "cmd_gc"))
-    recover = commands.add_parser(
-        "recover", help="rebuild a run's Redis state from its output after losing Redis"
-    )
-    recover.add_argument("--run", required=True)
-    recover.add_argument(
-        "--output", dest="output", required=True, help="the run's s3://bucket/prefix or folder"
-    )
-    recover.set_defaults(handler=Deferred("producer.commands", "cmd_recover"))
-
-    files = commands.add_parser(
-        "files", help="list the committed objects (the only ones to read), one per line"
-    )
-    files.add_argument("--run", required=True)
-    files.set_defaults(handler=Deferred("producer.commands", "cmd_files"))
-
-    functions = commands.add_parser(
-        "load-functions",
-        help="load this version's protocol functions into Redis (every enqueue does too): after an "
-        "upgrade, before its workers take work",
-    )
-    functions.set_defaults(handler=Deferred("producer.commands", "cmd_load_functions"))
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(commands)
     return parser

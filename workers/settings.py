@@ -165,7 +165,7 @@ OTHER_VARIABLES = {
     "BASE_PORT": "GPU i's server listens on BASE_PORT + i (here, and `python -m node serve`)",
     "OUTPUT": "the default --output of a new run (producer/settings.py)",
     "FLOWER_OPEN_API": "1: Flower's API may stay open without a login (workers/flower_guard.py)",
-    "PRICE_PER_GPU_HOUR": "the cost figures of `producer status` (producer/status_cli.py)",
+    "PRICE_PER_GPU_HOUR": "the cost figures of `producer status` (producer/status/command.py)",
     "MODEL_SOURCE": "where `inference stage` copies the model from (deploy/ units)",
     "MODEL_PATH": "the staged model `inference serve` loads (Procfile, deploy/ units)",
     "SERVED_MODEL_NAME": "`inference serve` (node/cli.py)",

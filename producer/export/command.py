@@ -1,6 +1,6 @@
 """`python -m producer export`, once its options are parsed: scan, check, then write the shards.
 
-Apart from the parser (producer/export_cli.py) so that other commands do not import pyarrow."""
+Apart from the parser (producer/export/parser.py) so that other commands do not import pyarrow."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from producer.errors import RunNotFound, SettingsError
 from producer.export.exporter import ExportRefused, ExportSettings, Scan, refusal, run_export, scan_output
 from producer.export.formats import ExportFormat, ThinkingStyle
 from producer.export.loss_check import LossCheckSettings
+from producer.export.parser import parse_include
 from producer.export.selection import DEFAULT_MAX_LENGTH_TOKENS, OverLength, Selection
 from producer.export.shards import Compression
 from producer.export.source import RunOutput
 from producer.export.tokenizer import load_token_counter
-from producer.export_cli import parse_include
 from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl

@@ -15,7 +15,7 @@ from core.records import Completion
 from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts, decode_facts
 from producer.export.errors import ExportError
-from producer.recover import read_run_settings
+from producer.upkeep.recover import read_run_settings
 from workers.errors import ObjectMissing
 from workers.record.manifest import SERVERS_PREFIX, ManifestEntry, read_manifest
 from workers.record.object_store import ObjectStore

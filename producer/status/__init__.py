@@ -8,4 +8,8 @@ fake clock. Figures come from completed work recorded in Redis, never from serve
 model.py     the snapshot: RunStatus and the records it is made of
 figures.py   the pure figures: rates, windows, ETA, cost, GPU rows, quality, the run's state, warnings
 gather.py    the reading: `gather_status`, queue depths, the run's settings, Redis's clock
+view.py      the rendering for the terminal
+
+The commands that see and steer runs: parser.py (`status`, `pause`, `resume`, `rejects`, `parked`,
+`metrics`), command.py (status, pause, resume, rejects), parked.py and metrics.py (the Prometheus exporter).
 """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import redis
 
-from producer.parked import parked_warning
 from producer.run_access import require_run
 from producer.status.figures import (
     MS_PER_S,
@@ -31,6 +30,7 @@ from producer.status.figures import (
     window_rates,
 )
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
+from producer.status.parked import parked_warning
 from producer.status.quarantine_figures import quarantine_warning, read_quarantine
 from workers.broker.kombu_layout import waiting_messages
 from workers.broker.parked_messages import parked_counts

@@ -286,7 +286,7 @@ class Explorer:
 
     def _advance_enqueues_in_parts(self) -> None:
         """An enqueue in parts starts them once it has opened, and gives its lease up once they all ended
-        (killed or done), as producer/enqueue_processes.py does; a killed one does neither."""
+        (killed or done), as producer/enqueue/processes.py does; a killed one does neither."""
         for enqueue in self.fleet.enqueues:
             if enqueue.process.dead or enqueue.opened is None or enqueue.released:
                 continue

@@ -1,7 +1,7 @@
 """The modelled fleet: processes running draftgen's real protocol code against a real redis-server.
 
 Real: every Lua script; the enqueue (`Enqueuer.enqueue`, or in parts: `Enqueuer.enqueue_part` of each
-part's share, dealt as producer/enqueue_processes.py deals it); a generate message's whole handling
+part's share, dealt as producer/enqueue/processes.py deals it); a generate message's whole handling
 (`workers.generate.batches.handle_generate`, and batch tails settled by `_settle_tail`); lease renewal
 (`LeaseKeeper.renew`); reconcile passes (`Reconciler.reconcile_all`); flushes and adoptions
 (`Uploader.flush`); the object store (a folder); kombu's Redis layout of the generate queue (the list
@@ -40,8 +40,8 @@ import redis
 from core.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
 from core.run_settings.model import RunSettings
 from intake.rejected import RejectedRow
-from producer.enqueue import Enqueuer, EnqueueSession, pin_settings
-from producer.enqueue_processes import dealt
+from producer.enqueue.enqueuer import Enqueuer, EnqueueSession, pin_settings
+from producer.enqueue.processes import dealt
 from producer.errors import EnqueueBusy
 from tests.explorer.schedule import GatedRedis, Killed, Process, Scheduler, Step, current_step
 from tests.support.malformed_messages import (
@@ -106,7 +106,7 @@ TRIAL_FAILED_AFTER_S = 2.0
 UNLUCKY_TRIALS = ((True, False), (False, True))
 ACQUITTED_SHARE = 0.25  # an ordinary suspect completes its trial (its record starts over)
 IN_FLIGHT_WHEN_SUSPENDED_SHARE = 0.5  # a prompt of a suspended worker was in flight (abandoned), not unsent
-ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue_processes.py), drawn each time
+ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue/processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
 POISON_RAISES_IN_TASK = 0.5  # else in its tail, after the message was acknowledged
 CONVERSATION_EVERY = 3  # prompts p000, p003, ... are conversations regenerated turn by turn
@@ -650,7 +650,7 @@ class UploaderProcess:
 
 
 class EnqueueProcess:
-    """`enqueue` of the whole input: in one process, or (`parts` > 1) as producer/enqueue_processes.py does
+    """`enqueue` of the whole input: in one process, or (`parts` > 1) as producer/enqueue/processes.py does
     it: this process takes the lease and opens the enqueue, then parts of their own (`EnqueuePart`)
     classify, claim and publish each its share of the ids, and once they have ended it gives the lease up
     (the explorer starts the parts and the release: see Explorer._advance_enqueues_in_parts)."""

@@ -31,7 +31,7 @@ import msgspec
 from core.records import DeadLetter, DeadLetterReason, PromptBatch
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
-from producer.verify import verify_run
+from producer.upkeep.verify import verify_run
 from tests.explorer.fleet import RUN, Fleet, turn_answer
 from workers.broker.kombu_layout import waiting_envelopes
 from workers.broker.message_check import why_malformed

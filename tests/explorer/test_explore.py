@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from producer import enqueue
+from producer.enqueue import enqueuer as enqueue
 from tests.explorer.explorer import explore
 from tests.explorer.fleet import InlineExecutor, NoRenewer
 from workers.recovery import seat

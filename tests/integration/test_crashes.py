@@ -13,7 +13,7 @@ import redis
 
 from devstack.local_stack import celery_worker, wait_until
 from inference.simulator import SimulatorProcess
-from producer.gc import collect_orphans
+from producer.upkeep.gc import collect_orphans
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators_running
 from workers.bootsteps.seating import EXIT_SEAT_HELD

@@ -16,13 +16,13 @@ from core.records import PromptBatch, SamplingSettings, Turns, Usage
 from core.run_settings.model import RunSettings
 from devstack.local_stack import wait_until
 from intake.reading import iter_prompts
-from producer.enqueue import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
+from producer.enqueue.enqueuer import BATCHES_PER_CHUNK, Enqueuer, EnqueueReport, pin_settings
+from producer.enqueue.publisher import BatchPublisher
+from producer.enqueue.work_order import MIN_TURNS_LEARNED
 from producer.errors import EnqueueBusy, RunStateBroken, SettingsError
-from producer.metrics_exporter import DraftgenCollector
-from producer.publisher import BatchPublisher
-from producer.recover import recover_run
 from producer.run_access import pinned_settings
-from producer.work_order import MIN_TURNS_LEARNED
+from producer.status.metrics import DraftgenCollector
+from producer.upkeep.recover import recover_run
 from tests.support import kombu_calls
 from tests.support.records import completion
 from workers.broker.broker import BrokerOptions, sending_app

@@ -18,10 +18,10 @@ from core.records import Prompt, PromptBatch, SamplingSettings
 from core.run_settings.model import RunSettings
 from intake.reading import iter_prompts
 from intake.rejected import RejectedRow
-from producer.enqueue import Enqueuer, EnqueueReport, pin_settings
-from producer.enqueue_processes import Part, PartFailed, PartSpec, enqueue_in_parts
+from producer.enqueue.enqueuer import Enqueuer, EnqueueReport, pin_settings
+from producer.enqueue.processes import Part, PartFailed, PartSpec, enqueue_in_parts
+from producer.enqueue.publisher import BatchPublisher
 from producer.errors import EnqueueBusy, SourceError
-from producer.publisher import BatchPublisher
 from workers.broker.broker import sending_app
 from workers.broker.kombu_layout import waiting_envelopes
 from workers.record.output_pin import write_run_json

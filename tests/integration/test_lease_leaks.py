@@ -19,7 +19,7 @@ import redis
 
 from core.records import Origin, Prompt, SamplingSettings
 from core.run_settings.model import RunSettings
-from producer.enqueue import Enqueuer, pin_settings
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from tests.support.redis_head import GPU_NODES, RedisHead, node_user

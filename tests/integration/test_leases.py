@@ -16,7 +16,7 @@ import redis
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from devstack.local_stack import free_port, start_redis
-from producer.enqueue import Enqueuer
+from producer.enqueue.enqueuer import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from workers.app import make_app

@@ -20,7 +20,7 @@ from kombu.transport import redis as kombu_redis
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from devstack.local_stack import flower_process, free_port, http_ok, wait_until
-from producer.enqueue import Enqueuer, pin_settings
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
 from tests.support import prompt_files
 from tests.support.malformed_messages import (
     flush_item,

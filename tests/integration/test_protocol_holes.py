@@ -19,10 +19,10 @@ import redis
 
 from core.records import DeadLetter, PromptBatch, SamplingSettings
 from core.run_settings.model import RunSettings
-from producer.enqueue import Enqueuer, pin_settings
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
 from producer.errors import EnqueueBusy
-from producer.gc import collect_orphans
-from producer.verify import verify_run
+from producer.upkeep.gc import collect_orphans
+from producer.upkeep.verify import verify_run
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot

@@ -24,12 +24,12 @@ import redis
 from core.records import DeadLetter, Origin, Prompt, PromptBatch, SamplingSettings
 from core.run_settings.model import RunSettings
 from inference.server_facts import ServerFacts, facts_from_server_info, facts_id
-from producer.enqueue import Enqueuer, pin_settings
-from producer.gc import collect_orphans
-from producer.metrics_exporter import DraftgenCollector
+from producer.enqueue.enqueuer import Enqueuer, pin_settings
 from producer.status.figures import STATE_FINISHED
 from producer.status.gather import gather_status
-from producer.verify import describe, verify_run
+from producer.status.metrics import DraftgenCollector
+from producer.upkeep.gc import collect_orphans
+from producer.upkeep.verify import describe, verify_run
 from tests.support.instant_worker import InstantWorker
 from tests.support.records import completion, prompt, zstd_bomb
 from tests.support.redis_head import GPU_NODES, RedisHead, node_user

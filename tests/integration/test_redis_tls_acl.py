@@ -31,7 +31,7 @@ from devstack.local_stack import (
     wait_until,
 )
 from inference.simulator import SimulatorProcess
-from producer.enqueue import Enqueuer
+from producer.enqueue.enqueuer import Enqueuer
 from tests.support import prompt_files
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import completion, prompt

@@ -13,7 +13,7 @@ import redis
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from devstack.local_stack import RedisProcess, free_port, redis_process, start_redis
-from producer.enqueue import Enqueuer
+from producer.enqueue.enqueuer import Enqueuer
 from tests.support.dispatch import RecordingDispatcher
 from tests.support.records import prompt
 from workers.errors import SeatHeld

@@ -11,9 +11,9 @@ import redis
 
 from core.records import DeadLetter, SamplingSettings
 from core.run_settings.model import RunSettings
-from producer.gc import collect_orphans
-from producer.recover import recover_run
-from producer.verify import verify_run
+from producer.upkeep.gc import collect_orphans
+from producer.upkeep.recover import recover_run
+from producer.upkeep.verify import verify_run
 from tests.support.records import completion, prompt
 from workers.errors import RetryLater
 from workers.record.manifest import DATA_PREFIX, ManifestEntry, encode_entry, manifest_key, read_manifest

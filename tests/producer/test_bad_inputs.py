@@ -27,7 +27,7 @@ from core.exit_codes import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from core.records import Prompt, PromptBatch
 from devstack.local_stack import wait_until
 from producer.cli import main
-from producer.enqueue_processes import part_of
+from producer.enqueue.processes import part_of
 from producer.errors import S3_HINT
 from tests.support.bad_inputs import (
     BROKEN,
@@ -644,7 +644,7 @@ def test_a_bad_input_gets_a_clear_answer_and_nothing_is_lost(
 
 FIFO_ROWS_WRITTEN = 200
 FIFO_BATCH_SIZE = 2
-CHUNK_PROMPTS = FIFO_BATCH_SIZE * 32  # producer.enqueue.BATCHES_PER_CHUNK batches per chunk
+CHUNK_PROMPTS = FIFO_BATCH_SIZE * 32  # producer.enqueue.enqueuer.BATCHES_PER_CHUNK batches per chunk
 ALL_ROWS = 300
 WAIT_S = 30.0
 

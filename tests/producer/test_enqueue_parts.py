@@ -12,8 +12,8 @@ from core.exit_codes import EXIT_USAGE
 from core.records import Message, Prompt
 from intake.rejected import RejectedRow
 from producer.cli import main
-from producer.enqueue import MAX_REJECTIONS_SHOWN, EnqueueReport
-from producer.enqueue_processes import (
+from producer.enqueue.enqueuer import MAX_REJECTIONS_SHOWN, EnqueueReport
+from producer.enqueue.processes import (
     PartChunk,
     PartFailed,
     PartOutcome,

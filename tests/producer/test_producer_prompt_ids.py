@@ -13,7 +13,7 @@ from core.records import Message, Prompt
 from intake.prompt_ids import MAX_ID_CHARS, hashed_id
 from intake.rejected import RejectedRow
 from intake.rows import parse_row
-from producer.fingerprints import Fingerprint
+from producer.enqueue.fingerprints import Fingerprint
 from workers.record.enqueued import decode_enqueued
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from node.model_sources import S3Source
 from producer.export.exporter import PLAN_KEY, RECORD_KEY, SHARD_RECORDS_PREFIX
-from producer.gc import collect_orphans
+from producer.upkeep.gc import collect_orphans
 from tests.support.iam_policies import RecordingS3, Request, grammar_errors, is_allowed
 from workers.errors import ObjectMissing
 from workers.record.manifest import (

@@ -4,6 +4,7 @@ through an import inside a function), no Celery app where none is needed."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The modules that exist to talk to Celery (or are the processes' edges); every other may not build an app.
-MODULES_THAT_NEED_AN_APP = {"producer.publisher", "workers.celery"}
+MODULES_THAT_NEED_AN_APP = {"producer.enqueue.publisher", "workers.celery"}
 # The layers, lowest first: each imports only itself and the layers before it. A module is in the layer of
 # the longest name it starts with: the node tools (`node`) stand on what a run reads (`intake`),
 # which stands on what talks to SGLang (`inference`), on the floor (`core`).
@@ -187,3 +188,24 @@ def test_importing_any_module_that_does_not_send_messages_builds_no_celery_app()
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0", "a module builds a Celery app at import"
+
+
+def test_the_producer_is_a_folder_per_command_whose_parser_names_handlers_of_its_own_folder() -> None:
+    from producer.cli import COMMAND_MODULES, build_parser
+    from producer.deferred import Deferred
+
+    folders = {module.rsplit(".", 1)[0] for module in COMMAND_MODULES}
+    assert all(module.endswith(".parser") for module in COMMAND_MODULES)
+    assert all((ROOT / folder.replace(".", "/") / "command.py").exists() for folder in folders)
+    assert sorted(path.name for path in (ROOT / "producer").rglob("*_cli.py")) == []
+    commands = next(
+        action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    handlers = {name: parser.get_default("handler") for name, parser in commands.choices.items()}
+    assert all(isinstance(handler, Deferred) for handler in handlers.values())
+    strays = {
+        name: f"{handler.module}.{handler.function}"
+        for name, handler in handlers.items()
+        if handler.module.rsplit(".", 1)[0] not in folders or not handler.function.startswith("cmd_")
+    }
+    assert strays == {}

@@ -13,9 +13,9 @@ import redis
 from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from producer.cli import main as producer_main
-from producer.enqueue import pin_settings
-from producer.metrics_exporter import DraftgenCollector
+from producer.enqueue.enqueuer import pin_settings
 from producer.status.gather import gather_status
+from producer.status.metrics import DraftgenCollector
 from workers.broker.parked_messages import ParkedCount, park, parked_message
 from workers.errors import MalformedMessage
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE

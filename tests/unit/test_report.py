@@ -16,7 +16,7 @@ import pytest
 
 from core.records import Completion, Message, Origin, Quality, SamplingSettings, Timings, Usage
 from producer.cli import build_parser, main
-from producer.report import (
+from producer.report.figures import (
     REPORT_COLUMNS,
     RunFigures,
     bucket_width_s,
@@ -24,7 +24,7 @@ from producer.report import (
     dead_letters_by_reason,
     throughput_per_gpu,
 )
-from producer.report_render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, summary_rows, write_report
+from producer.report.render import FIGURE_DPI, FIGURE_SIZE_IN, HTML_NAME, PICTURES, summary_rows, write_report
 from workers.record.manifest import ManifestEntry, data_key, encode_entry, manifest_key
 from workers.record.object_store import ObjectStore
 from workers.record.parquet_io import completions_to_parquet

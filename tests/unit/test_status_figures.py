@@ -12,6 +12,7 @@ from core.records import Quality
 from inference.metrics_reader import parse_metrics
 from inference.server_probe import accept_length_from_server_info
 from producer.errors import SettingsError
+from producer.status.command import resolve_price
 from producer.status.figures import (
     MIN_COMPLETIONS_FOR_ETA,
     RATE_WINDOW_S,
@@ -50,9 +51,8 @@ from producer.status.model import (
     Throughput,
     UploadBacklog,
 )
-from producer.status_cli import resolve_price
-from producer.status_parsers import PRICE_ENV
-from producer.status_view import duration, render_status, size
+from producer.status.parser import PRICE_ENV
+from producer.status.view import duration, render_status, size
 from workers.state.heartbeats import WorkerHeartbeat, decode_heartbeat, encode_heartbeat
 from workers.state.stats_fields import parse_counters
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core.records import Message, Prompt
-from producer.work_order import (
+from producer.enqueue.work_order import (
     CHARS_PER_TOKEN,
     DEFAULT_ANSWER_TOKENS,
     MIN_TURNS_LEARNED,

@@ -41,7 +41,7 @@ from workers.state.queues import EVENT_QUEUE_PREFIX, FLUSH_TASK, GENERATE_TASK, 
 # `celery inspect conf --include-defaults`, about 15 KB. Checked before anything is decoded.
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TAG_CHARS = 128  # delivery tags and task ids are uuids (36 characters)
-BATCH_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")  # producer/enqueue.py: 16 hex digits
+BATCH_ID_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")  # producer/enqueue/enqueuer.py: 16 hex digits
 MAX_PRIORITY = 255  # kombu's priorities are 0-9; AMQP allows a byte
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "utf-8"

@@ -1,6 +1,6 @@
 """A batch's place in the generate queue: its id names the class of work it is expected to take.
 
-The producer batches a chunk's prompts longest expected work first (producer/work_order.py) and names
+The producer batches a chunk's prompts longest expected work first (producer/enqueue/work_order.py) and names
 each batch's class in its id, `w<priority>.<16 hex digits>`. The class is the Celery priority of the
 batch's message: kombu's Redis transport pops a queue's lower priorities first, so the longest known work
 is delivered first across the run and every GPU, and the run ends on its shortest. Whatever sends a

@@ -102,8 +102,8 @@ class RunKeys:
     def ids(self, prompt_id: str) -> str:
         """The one of ID_BUCKETS hashes that holds this id once the run has accepted it: id -> its holder,
         the enqueue that claimed it (a number, for a hashed id) or, for an explicit id, its fingerprint
-        "content digest|enqueue number|row[|file]" (producer/fingerprints.py), which tells a re-used id
-        with other content (a conflict) from a duplicate; "0" when only a commit is known of it."""
+        "content digest|enqueue number|row[|file]" (producer/enqueue/fingerprints.py), which tells a re-used
+        id with other content (a conflict) from a duplicate; "0" when only a commit is known of it."""
         return self.ids_bucket(id_bucket(prompt_id))
 
     def ids_bucket(self, bucket: int) -> str:

@@ -7,7 +7,7 @@ arrive through ARGV. The scripts run as the functions of one Redis library (`LIB
 workers/state/function_library.py), which declares to Redis only the keys a script writes: the keys
 marked "read" below travel by name, and the script still finds them in KEYS, in the order listed. The
 Python faces are `workers.state.ledger.RunLedger` (stage, dead-letter, commit, recover),
-`producer.enqueue.Enqueuer` (classify, claim), `workers.record.uploader.Uploader` (the flush lock),
+`producer.enqueue.enqueuer.Enqueuer` (classify, claim), `workers.record.uploader.Uploader` (the flush lock),
 `workers.state.quarantine.Quarantine` (records and batches kept apart),
 `workers.record.finished_bodies` (finished batches' kept bodies), `workers.recovery.leases` and
 `workers.recovery.reconciler`.

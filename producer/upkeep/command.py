@@ -1,5 +1,5 @@
 """The commands of `python -m producer` that read a run: verify, recover, files and gc, and
-load-functions (enqueue's own handler is producer/enqueue_command.py; what every command shares is
+load-functions (enqueue's own handler is producer/enqueue/command.py; what every command shares is
 producer/run_access.py).
 
 Imported only when one of them runs (see producer/deferred.py); only reading a part imports the Parquet
@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK
-from producer.gc import collect_orphans
 from producer.progress_lines import ProgressLines
-from producer.recover import read_run_settings, recover_run
 from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
-from producer.verify import describe, verify_run
+from producer.upkeep.gc import collect_orphans
+from producer.upkeep.recover import read_run_settings, recover_run
+from producer.upkeep.verify import describe, verify_run
 from workers.record.manifest import committed_locations
 from workers.record.storage import normalise_output, open_store
 from workers.state.keys import check_run_name

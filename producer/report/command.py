@@ -1,6 +1,6 @@
 """`python -m producer report`, once its options are parsed: read the committed objects, draw, write.
 
-Apart from the parser (producer/report_cli.py) so that other commands do not import numpy and pyarrow."""
+Apart from the parser (producer/report/parser.py) so that other commands do not import numpy and pyarrow."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import redis
 from core.exit_codes import EXIT_OK
 from producer.errors import RunNotFound
 from producer.progress_lines import ProgressLines
-from producer.report import compute_figures, dead_letters_by_reason
-from producer.report_cli import DEFAULT_REPORTS_DIR
+from producer.report.figures import compute_figures, dead_letters_by_reason
+from producer.report.parser import DEFAULT_REPORTS_DIR
 from producer.run_access import pinned_settings
 from producer.settings import ProducerSettings
 from workers.record.storage import normalise_output, open_store
@@ -33,7 +33,7 @@ def _run_in_redis(client: redis.Redis, run: str) -> tuple[str | None, dict[str, 
 
 
 def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    from producer.report_render import summary_rows, write_report  # matplotlib only for this command
+    from producer.report.render import summary_rows, write_report  # matplotlib only for this command
 
     run = check_run_name(args.run)
     client = redis.Redis.from_url(

@@ -1,12 +1,12 @@
 """One enqueue over several cores: this process reads and parses the input, and parts in processes of
-their own (`python -m producer.enqueue_part`) classify, claim and publish it, under the one lease of the
+their own (`python -m producer.enqueue.part`) classify, claim and publish it, under the one lease of the
 enqueue.
 
 Every id goes to the part its id bucket names (`id_bucket(id) % parts`), so no id is ever classified or
 claimed by two parts: a part's classify-then-claim is as atomic as one enqueue's, and the same id seen
 again (a duplicate, or a conflict: the first version kept) meets the same part in input order. The parts
 touch disjoint id buckets and share only counters and sets every claim adds to, so the protocol's
-guarantees hold part by part (producer/enqueue.py).
+guarantees hold part by part (producer/enqueue/enqueuer.py).
 
 This process holds the run's enqueue lease, renews it and opens the enqueue (its number, the orphans
 judgement, the outbox); parts claim under its token and stop when it is lost. Everything travels as
@@ -35,7 +35,7 @@ import msgspec
 from core.records import Prompt
 from core.run_settings.model import RunSettings
 from intake.rejected import RejectedRow
-from producer.enqueue import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
+from producer.enqueue.enqueuer import MAX_REJECTIONS_SHOWN, Enqueuer, EnqueueReport, EnqueueSession
 from producer.errors import ProducerError, Unavailable
 from producer.settings import PROCESSES_MIN_ROWS, default_enqueue_processes
 from workers.broker.broker import BrokerOptions
@@ -43,7 +43,7 @@ from workers.state.keys import id_bucket
 
 PART_CHUNKS_WAITING = 2  # chunks read for a part and not yet taken by it, at most
 PART_POLL_S = 0.5  # how often a wait for a busy part looks whether the part failed meanwhile
-PART_MODULE = "producer.enqueue_part"
+PART_MODULE = "producer.enqueue.part"
 FRAME_LENGTH_BYTES = 4
 END_OF_INPUT = b""
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where `producer` is importable from

@@ -22,7 +22,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from core.records import Quality
-from producer.report import (
+from producer.report.figures import (
     PERCENT,
     IntArray,
     LengthStats,

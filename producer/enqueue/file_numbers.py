@@ -8,7 +8,7 @@ import dataclasses
 
 import redis
 
-from producer.fingerprints import Fingerprint
+from producer.enqueue.fingerprints import Fingerprint
 from workers.state.keys import RunKeys
 from workers.state.protocol import Scripts
 

@@ -35,4 +35,4 @@ def register(commands: Any) -> None:
     )
     # The name this option had before every command called it --output: kept so old scripts still work.
     report.add_argument("--store", dest="output", help=argparse.SUPPRESS)
-    report.set_defaults(handler=Deferred("producer.report_command", "cmd_report"))
+    report.set_defaults(handler=Deferred("producer.report.command", "cmd_report"))

@@ -19,9 +19,9 @@ import redis
 from core.records import DeadLetter
 from core.run_settings.model import RunSettings, differences
 from intake.rows import rejection_key
+from producer.enqueue.file_numbers import FileNumbers
+from producer.enqueue.fingerprints import Fingerprint
 from producer.errors import RunNotFound, SettingsError
-from producer.file_numbers import FileNumbers
-from producer.fingerprints import Fingerprint
 from workers.errors import ObjectMissing, RecordUnreadable
 from workers.record.enqueued import EnqueueNote
 from workers.record.manifest import SETTINGS_KEY, encode_entry

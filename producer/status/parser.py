@@ -27,7 +27,7 @@ def _register_metrics(commands: Any) -> None:
     metrics.add_argument(
         "--runs", nargs="+", metavar="RUN", help="export only these runs (default: every run)"
     )
-    metrics.set_defaults(handler=Deferred("producer.metrics_exporter", "cmd_metrics"))
+    metrics.set_defaults(handler=Deferred("producer.status.metrics", "cmd_metrics"))
 
 
 def _register_rejects(commands: Any) -> None:
@@ -41,7 +41,7 @@ def _register_rejects(commands: Any) -> None:
     rejects.add_argument(
         "--output", dest="output", help="read them from the run's output (folder or s3://), not Redis"
     )
-    rejects.set_defaults(handler=Deferred("producer.status_cli", "cmd_rejects"))
+    rejects.set_defaults(handler=Deferred("producer.status.command", "cmd_rejects"))
 
 
 def _register_parked(commands: Any) -> None:
@@ -55,7 +55,7 @@ def _register_parked(commands: Any) -> None:
         help=f"how many to list, newest first (default {DEFAULT_PARKED_LISTED})",
     )
     parked.add_argument("--json", action="store_true", help="one JSON object: counts, newest")
-    parked.set_defaults(handler=Deferred("producer.parked", "cmd_parked"))
+    parked.set_defaults(handler=Deferred("producer.status.parked", "cmd_parked"))
 
 
 def register(commands: Any) -> None:
@@ -81,15 +81,15 @@ def register(commands: Any) -> None:
         metavar="USD",
         help=f"for the cost figures (default ${PRICE_ENV}; without either, cost is shown in GPU-hours only)",
     )
-    status.set_defaults(handler=Deferred("producer.status_cli", "cmd_status"))
+    status.set_defaults(handler=Deferred("producer.status.command", "cmd_status"))
 
     pause_parser = commands.add_parser("pause", help="stop workers taking a run's batches (nothing is lost)")
     pause_parser.add_argument("--run", required=True)
     pause_parser.add_argument("--reason", default=DEFAULT_PAUSE_REASON, help="shown by status")
-    pause_parser.set_defaults(handler=Deferred("producer.status_cli", "cmd_pause"))
+    pause_parser.set_defaults(handler=Deferred("producer.status.command", "cmd_pause"))
 
     resume_parser = commands.add_parser("resume", help="let workers take a paused run's batches again")
     resume_parser.add_argument("--run", required=True)
-    resume_parser.set_defaults(handler=Deferred("producer.status_cli", "cmd_resume"))
+    resume_parser.set_defaults(handler=Deferred("producer.status.command", "cmd_resume"))
     _register_rejects(commands)
     _register_parked(commands)

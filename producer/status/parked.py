@@ -12,7 +12,7 @@ import msgspec
 from core.exit_codes import EXIT_OK
 from producer.run_access import connect_redis
 from producer.settings import ProducerSettings
-from producer.status_view import clock
+from producer.status.view import clock
 from workers.broker.parked_messages import ParkedCount, parked_counts, recent_parked
 from workers.state.keys import PARKED_COUNTS_KEY, PARKED_MESSAGES_KEY
 

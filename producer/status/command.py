@@ -24,8 +24,8 @@ from producer.run_access import connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
-from producer.status_parsers import LISTED_KINDS, PRICE_ENV
-from producer.status_view import clock, render_status, status_line
+from producer.status.parser import LISTED_KINDS, PRICE_ENV
+from producer.status.view import clock, render_status, status_line
 from workers.errors import RecordUnreadable
 from workers.record.storage import normalise_output, open_store
 from workers.state.codec import decode_json

@@ -7,14 +7,14 @@ batches that carry them and the outbox entry of each batch. Only then are the ba
 published, and each batch leaves the outbox once published. A crash anywhere leaves either nothing or
 batches in the outbox, which the next `enqueue` publishes first. A chunk's new prompts are batched longest
 expected work first, each batch at most `batch_size` requests (a conversation counts its turns), its id
-naming its class, the priority its message goes with (producer/work_order.py). Rejected rows go to the
+naming its class, the priority its message goes with (producer/enqueue/work_order.py). Rejected rows go to the
 object store too (`rejected/`). One enqueue of a run works at a time (a lease in Redis), so a prompt is
 never placed in two batches by two enqueues racing.
 
 An id seen again is a duplicate when its content is the same, and a conflict when it differs: the
 first version is kept, and the later row is rejected naming the row (or the earlier enqueue) that
 holds the kept one. Explicit ids keep a short content digest for that, in Redis and beside the chunk's
-ids in the output (producer/fingerprints.py).
+ids in the output (producer/enqueue/fingerprints.py).
 
 Ctrl-C stops at a chunk boundary: a chunk's store-and-claim step runs on a thread of its own, which
 SIGINT never reaches, and the chunks already stored finish publishing, so the run holds whole batches
@@ -42,10 +42,10 @@ from core.records import Prompt, PromptBatch
 from core.run_settings.model import RunSettings, differences
 from intake.rejected import RejectedRow
 from intake.rows import rejection_key
+from producer.enqueue.file_numbers import FileNumbers
+from producer.enqueue.fingerprints import Fingerprint, content_digest
+from producer.enqueue.work_order import RunLengths, WorkPredictor, batched_by_turns
 from producer.errors import EnqueueBusy, SettingsError
-from producer.file_numbers import FileNumbers
-from producer.fingerprints import Fingerprint, content_digest
-from producer.work_order import RunLengths, WorkPredictor, batched_by_turns
 from workers.periodic import PeriodicThread
 from workers.record.enqueued import EnqueuedChunk, EnqueueNote
 from workers.record.jsonl_io import to_jsonl
@@ -282,7 +282,7 @@ class Enqueuer:
     ) -> EnqueueReport:
         """Enqueue chunks of an input as part of the enqueue `session` opened (in another process, which
         holds its lease): every id of the input that this part holds must come to it alone, so that no
-        other part classifies or claims it meanwhile (producer/enqueue_processes.py)."""
+        other part classifies or claims it meanwhile (producer/enqueue/processes.py)."""
         self.session = session
         report = EnqueueReport()
         self._enqueue_chunks(chunks, report)

@@ -20,7 +20,7 @@ from intake.data_files import check_data
 from intake.limits import ReadLimits, row_limit_bytes
 from intake.rejected import RejectedRow
 from intake.row_fields import RowFields
-from producer.enqueue import Enqueuer, EnqueueReport, check_same_settings, pin_settings
+from producer.enqueue.enqueuer import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.errors import (
     OutputError,
     SourceError,
@@ -167,8 +167,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     client = connect_redis(args, settings)
     given = _validated_run(settings, client, run, stated)
     from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
-    from producer.enqueue_processes import enqueue_in_parts, parts_for
-    from producer.publisher import BatchPublisher
+    from producer.enqueue.processes import enqueue_in_parts, parts_for
+    from producer.enqueue.publisher import BatchPublisher
     from workers.recovery.reconciler import Reconciler, ReconcileSettings
     from workers.state.dispatch import CeleryDispatcher
 

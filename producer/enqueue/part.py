@@ -1,4 +1,4 @@
-"""`python -m producer.enqueue_part`: one part of an enqueue in processes (producer/enqueue_processes.py).
+"""`python -m producer.enqueue.part`: one part of an enqueue in processes (producer/enqueue/processes.py).
 
 Reads its start, then chunks, as msgpack frames on stdin until an empty frame (or until the reading process
 is gone); enqueues them as a part of that enqueue; writes its outcome as one frame on stdout: its report,
@@ -17,8 +17,8 @@ import traceback
 import msgspec
 import redis
 
-from producer.enqueue import Enqueuer
-from producer.enqueue_processes import (
+from producer.enqueue.enqueuer import Enqueuer
+from producer.enqueue.processes import (
     PartFailed,
     PartOutcome,
     PartStart,
@@ -26,8 +26,8 @@ from producer.enqueue_processes import (
     received_chunks,
     write_frame,
 )
+from producer.enqueue.publisher import BatchPublisher
 from producer.errors import ProducerError, as_producer_error, lower_errors
-from producer.publisher import BatchPublisher
 from workers.broker.broker import sending_app
 from workers.record.storage import open_store
 
