@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -123,29 +123,51 @@ class Origin(Record, frozen=True):
     server: str | None = None
 
 
-class Turn(Record, frozen=True):
-    """One generated assistant turn of a conversation before its last, as its own request answered it:
-    the exact ids are that request's (its prompt holds the answers before it, not their thinking)."""
+class Answer(Record, frozen=True, kw_only=True):
+    """What the server answered to one request: the text, how it ended, what it cost, the exact ids."""
 
     reasoning_content: str | None
     content: str
     finish_reason: str
-    quality: Quality
     usage: Usage
-    timings: Timings
-    max_tokens: int  # the budget this turn was answered with (budget retries double it)
-    attempt: int
-    budget_retries: int = 0
     spec_accept_length: float | None = None
+    # The exact ids the server tokenized and sampled (SGLang's `return_token_ids`): the chat template
+    # applied to the prompt, then every generated token, thinking and `</think>` and EOS included.
+    # None when the server does not return them (SGLang before 0.5.23).
     prompt_token_ids: list[TokenId] | None = None
     response_token_ids: list[TokenId] | None = None
+
+
+class KeptAnswer(Answer, frozen=True, kw_only=True):
+    """An answer as a run keeps it: judged, timed, and which attempt gave it."""
+
+    quality: Quality
+    timings: Timings
+    attempt: int
+    budget_retries: int = 0  # times the budget was doubled after thinking was cut off
+
+
+def fields_of(record: msgspec.Struct, shape: type[msgspec.Struct]) -> dict[str, Any]:
+    """The fields `record` has as a `shape` (a record it extends), by name: one record made from another
+    without copying its fields by hand."""
+    return {name: getattr(record, name) for name in shape.__struct_fields__}
+
+
+class Turn(KeptAnswer, frozen=True, kw_only=True):
+    """One generated assistant turn of a conversation before its last, as its own request answered it:
+    the exact ids are that request's (its prompt holds the answers before it, not their thinking)."""
+
+    max_tokens: int  # the budget this turn was answered with (budget retries double it)
 
 
 class Completion(Record, frozen=True):
     """A prompt's answer. For a conversation regenerated turn by turn, it is the answer to the last
     request, whose `messages` hold the whole conversation before it (the regenerated answers in place);
     `earlier_turns` holds how each earlier turn was generated, and `conversation_turns` how many user
-    turns the row has (more than the generated turns when one was truncated in thinking, which stops it)."""
+    turns the row has (more than the generated turns when one was truncated in thinking, which stops it).
+
+    It holds every field of a `KeptAnswer` (tests/unit/test_records.py compares them, type and default),
+    declared here rather than inherited so that the prompt's id leads its Parquet row and its JSON."""
 
     prompt_id: str
     messages: list[Message]
@@ -160,10 +182,7 @@ class Completion(Record, frozen=True):
     origin: Origin
     attempt: int
     spec_accept_length: float | None = None
-    budget_retries: int = 0  # times the budget was doubled after thinking was cut off
-    # The exact ids the server tokenized and sampled (SGLang's `return_token_ids`): the chat template
-    # applied to the prompt, then every generated token, thinking and `</think>` and EOS included.
-    # None when the server does not return them (SGLang before 0.5.23).
+    budget_retries: int = 0
     prompt_token_ids: list[TokenId] | None = None
     response_token_ids: list[TokenId] | None = None
     earlier_turns: list[Turn] = []
@@ -178,20 +197,7 @@ class Completion(Record, frozen=True):
         return [*self.earlier_turns, self.as_turn()]
 
     def as_turn(self) -> Turn:
-        return Turn(
-            reasoning_content=self.reasoning_content,
-            content=self.content,
-            finish_reason=self.finish_reason,
-            quality=self.quality,
-            usage=self.usage,
-            timings=self.timings,
-            max_tokens=self.sampling.max_tokens,
-            attempt=self.attempt,
-            budget_retries=self.budget_retries,
-            spec_accept_length=self.spec_accept_length,
-            prompt_token_ids=self.prompt_token_ids,
-            response_token_ids=self.response_token_ids,
-        )
+        return Turn(**fields_of(self, KeptAnswer), max_tokens=self.sampling.max_tokens)
 
 
 class DeadLetterReason(enum.StrEnum):

@@ -14,12 +14,11 @@ chunk of every request the worker sends.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from core.records import TokenId, Usage
+from core.records import Answer, TokenId, Usage
 from core.run_settings.keys import MAX_TOKENS_LIMIT
 from inference.errors import (
     HTTP_INTERNAL_SERVER_ERROR,
@@ -44,17 +43,11 @@ MAX_TEXT_CHARS = LONGEST_CONTEXT_TOKENS * MAX_CHARS_PER_TOKEN
 STREAM_ERROR_MESSAGE = "An error occurred during streaming"  # when an error event names no message
 
 
-@dataclass(frozen=True)
-class ChatResult:
-    content: str
-    reasoning_content: str | None
-    finish_reason: str
-    usage: Usage
-    spec_accept_length: float | None
+class ChatResult(Answer, frozen=True, kw_only=True):
+    """One request's answer, and when it was sent and finished (unix seconds)."""
+
     started_at: float
     finished_at: float
-    prompt_token_ids: list[int] | None = None
-    response_token_ids: list[int] | None = None
 
 
 class _Delta(msgspec.Struct):

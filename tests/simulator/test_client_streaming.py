@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from core.records import Message, SamplingSettings, Usage
@@ -92,7 +93,7 @@ def not_streamed(sim: SimulatorProcess, sampling: SamplingSettings, text: str = 
 
 
 def without_times(result: ChatResult) -> ChatResult:
-    return ChatResult(**{**result.__dict__, "started_at": 0.0, "finished_at": 0.0})
+    return msgspec.structs.replace(result, started_at=0.0, finished_at=0.0)
 
 
 def budgets(settings: SimulatorSettings) -> dict[str, SamplingSettings]:

@@ -28,6 +28,7 @@ import msgspec
 
 from core.backoff import backoff_delay_s
 from core.records import (
+    Answer,
     Completion,
     DeadLetter,
     DeadLetterReason,
@@ -38,6 +39,7 @@ from core.records import (
     SamplingSettings,
     Timings,
     Turn,
+    fields_of,
 )
 from core.run_settings.model import DEFAULT_RETRY_MAX_TOKENS_CAP, TruncationPolicy
 from inference.chat_stream import ChatResult, ProgressCallback
@@ -155,12 +157,9 @@ def build_completion(
     budget_retries: int = 0,
 ) -> Completion:
     return Completion(
+        **fields_of(result, Answer),
         prompt_id=prompt.id,
         messages=prompt.messages,
-        reasoning_content=result.reasoning_content,
-        content=result.content,
-        finish_reason=result.finish_reason,
-        usage=result.usage,
         timings=Timings(
             started_at=result.started_at,
             finished_at=result.finished_at,
@@ -176,10 +175,7 @@ def build_completion(
             finish_reason=result.finish_reason,
             thinking_enabled=sampling.enable_thinking,
         ),
-        spec_accept_length=result.spec_accept_length,
         budget_retries=budget_retries,
-        prompt_token_ids=result.prompt_token_ids,
-        response_token_ids=result.response_token_ids,
     )
 
 
