@@ -1,7 +1,7 @@
 """`python -m producer metrics`: a Prometheus exporter reading Redis on every scrape.
 
 A custom collector, so nothing is cached between scrapes: each scrape gathers the same figures as
-`status` (producer/status.py) for every run (or those given), plus the queues and the per-GPU
+`status` (producer/status/) for every run (or those given), plus the queues and the per-GPU
 heartbeats, which are global. Counters are the runs' running totals, so Grafana takes rates with
 `rate()`; the per-GPU token rate is a gauge over the last minute (it comes from the event stream).
 """
