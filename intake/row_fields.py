@@ -4,11 +4,14 @@ By default a row is read as the common dataset layouts name things (intake/rows.
 (OpenAI) or `conversations` (ShareGPT), else a `prompt` string; a `system` string; an id in `id`,
 `custom_id` or `uuid`. A run whose dataset names them otherwise maps its own columns (`--prompt-field
 question`, `--messages-field dialog`, `--system-field instruction`, `--id-field uid`): a mapped prompt or
-messages field replaces every default one, so no other column is read as the prompt by surprise.
+messages field replaces every default one, so no other column is read as the prompt by surprise. A list
+of turns in a shape of its own names its keys and role names (`--turn-keys speaker,text --roles
+human=user,bot=assistant`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from intake.prompt_ids import ID_FIELDS
@@ -30,6 +33,8 @@ class RowFields:
     prompt: tuple[str, ...] = (PROMPT_FIELD,)  # one user turn's text
     system: str = SYSTEM_FIELD
     ids: tuple[str, ...] = ID_FIELDS
+    turn_keys: tuple[str, str] | None = None  # a turn's role key and text key; None: either usual shape
+    roles: Mapping[str, str] | None = None  # the dataset's own role names -> system, user or assistant
 
     @classmethod
     def mapped(
@@ -39,6 +44,8 @@ class RowFields:
         messages: str | None = None,
         system: str | None = None,
         id_field: str | None = None,
+        turn_keys: tuple[str, str] | None = None,
+        roles: Mapping[str, str] | None = None,
     ) -> RowFields:
         """The default layout with the fields a run named in place of the defaults."""
         default = cls()
@@ -48,6 +55,8 @@ class RowFields:
             prompt=((prompt,) if prompt else ()) if mapped_format else default.prompt,
             system=system or default.system,
             ids=(id_field,) if id_field else default.ids,
+            turn_keys=turn_keys,
+            roles=roles,
         )
 
     @property

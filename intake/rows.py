@@ -11,6 +11,9 @@ the run's `RowFields`, intake/row_fields.py; these are the default names):
     not know it. tool/function turns are rejected.
   - ShareGPT: {from, value}; from is human/user -> user, gpt/assistant/chatgpt/bing -> assistant,
     system -> system.
+  - the run's own (`--turn-keys speaker,text`): {speaker, text}, text as OpenAI's content, role names
+    system, user and assistant.
+  The run's own role names (`--roles human=user,bot=assistant`) join those of the shape.
 - `prompt`: a non-empty string, becoming one user turn.
 A row may also carry a `system` string (LLaMA-Factory's ShareGPT layout does): when non-empty it
 becomes the first turn, unless the conversation already starts with that same system turn; a
@@ -31,7 +34,8 @@ or a list of content parts, got int".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from core.records import Message, Prompt, Turns
 from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
@@ -54,6 +58,8 @@ SHAREGPT_ROLES = {
     "chatgpt": ASSISTANT,
     "bing": ASSISTANT,
 }
+NAMED_ROLES = {SYSTEM: SYSTEM, USER: USER, ASSISTANT: ASSISTANT}  # a shape of the run's own: its names
+USUAL_SHAPES = "a turn is {role, content} or ShareGPT {from, value}; --turn-keys ROLE,TEXT reads others"
 TOOL_ROLES = frozenset({"tool", "function", "ipython", "function_call", "observation"})
 TEXT_PART_TYPE = "text"
 NUL = "\x00"
@@ -126,7 +132,7 @@ def _normalised_messages(row: Mapping[str, object], fields: RowFields) -> tuple[
     """The conversation up to its last user turn, and the length of the dataset's answer to that turn."""
     for field in fields.turns:
         if row.get(field) is not None:
-            turns, content_path = _turns_of(row[field], field)
+            turns, content_path = _turns_of(row[field], field, fields)
             kept = _up_to_last_user_turn(turns, field, content_path)
             answer_chars = sum(len(turn.content) for turn in turns[len(kept) :])
             return _with_system_field(kept, row, fields.system), answer_chars
@@ -145,35 +151,52 @@ def no_prompt_reason(row: Mapping[str, object], fields: RowFields) -> str:
     return f"no {fields.describe_format()} field ({has}; {' or '.join(MAPPING_FLAGS)} maps one)"
 
 
-def _turns_of(value: object, field: str) -> tuple[list[Message], str]:
-    """A list of turns in either shape, and the path of a turn's text (for messages)."""
+@dataclass(frozen=True)
+class _TurnShape:
+    """How a list's turns name their role and text, the role names they use, and how to say so."""
+
+    role_key: str
+    text_key: str
+    roles: Mapping[str, str]
+    text_of: Callable[[object, str], str]
+    said: str  # ends a rejection of a turn that does not fit
+
+    @classmethod
+    def of(cls, fields: RowFields, sharegpt: bool) -> _TurnShape:
+        """The run's own shape when it named one, else ShareGPT's or OpenAI's, with the run's role names."""
+        own_roles = dict(fields.roles or {})
+        if fields.turn_keys is not None:
+            role_key, text_key = fields.turn_keys
+            said = f"a turn is {{{role_key}, {text_key}}}, as --turn-keys says"
+            return cls(role_key, text_key, {**NAMED_ROLES, **own_roles}, _content_text, said)
+        if sharegpt:
+            roles = {**SHAREGPT_ROLES, **own_roles}
+            return cls(SHAREGPT_ROLE_KEY, SHAREGPT_TEXT_KEY, roles, _string, USUAL_SHAPES)
+        return cls(
+            OPENAI_ROLE_KEY, OPENAI_TEXT_KEY, {**OPENAI_ROLES, **own_roles}, _content_text, USUAL_SHAPES
+        )
+
+
+def _turns_of(value: object, field: str, fields: RowFields) -> tuple[list[Message], str]:
+    """A list of turns in the run's shape or either usual one, and the path of a turn's text."""
     turns = _turn_list(value, field)
     first = turns[0][1]
     sharegpt_keys = (SHAREGPT_ROLE_KEY in first) + (SHAREGPT_TEXT_KEY in first)
     openai_keys = (OPENAI_ROLE_KEY in first) + (OPENAI_TEXT_KEY in first)
-    if sharegpt_keys > openai_keys or (sharegpt_keys == openai_keys and field == CONVERSATIONS_FIELD):
-        return _sharegpt_turns(turns), f"{field}[{{index}}].{SHAREGPT_TEXT_KEY}"
-    return _openai_turns(turns), f"{field}[{{index}}].{OPENAI_TEXT_KEY}"
-
-
-def _openai_turns(turns: list[tuple[str, Mapping[str, object]]]) -> list[Message]:
-    return [
+    sharegpt = sharegpt_keys > openai_keys or (sharegpt_keys == openai_keys and field == CONVERSATIONS_FIELD)
+    shape = _TurnShape.of(fields, sharegpt)
+    messages = [
         Message(
-            role=_mapped_role(_required(turn, OPENAI_ROLE_KEY, path), OPENAI_ROLES, f"{path}.role"),
-            content=_content_text(_required(turn, OPENAI_TEXT_KEY, path), f"{path}.content"),
+            role=_mapped_role(
+                _required(turn, shape.role_key, path, shape.said), shape.roles, f"{path}.{shape.role_key}"
+            ),
+            content=shape.text_of(
+                _required(turn, shape.text_key, path, shape.said), f"{path}.{shape.text_key}"
+            ),
         )
         for path, turn in turns
     ]
-
-
-def _sharegpt_turns(turns: list[tuple[str, Mapping[str, object]]]) -> list[Message]:
-    return [
-        Message(
-            role=_mapped_role(_required(turn, SHAREGPT_ROLE_KEY, path), SHAREGPT_ROLES, f"{path}.from"),
-            content=_string(_required(turn, SHAREGPT_TEXT_KEY, path), f"{path}.value"),
-        )
-        for path, turn in turns
-    ]
+    return messages, f"{field}[{{index}}].{shape.text_key}"
 
 
 def _prompt_turn(value: object, field: str) -> Message:
@@ -196,9 +219,9 @@ def _turn_list(value: object, field: str) -> list[tuple[str, Mapping[str, object
     return turns
 
 
-def _required(turn: Mapping[str, object], key: str, path: str) -> object:
+def _required(turn: Mapping[str, object], key: str, path: str, said: str) -> object:
     if key not in turn:
-        raise _Rejection(f"{path}.{key}: is missing")
+        raise _Rejection(f"{path}.{key}: is missing ({said})")
     value = turn[key]
     if value is None:
         raise _Rejection(f"{path}.{key}: is null")
@@ -211,7 +234,7 @@ def _mapped_role(value: object, roles: Mapping[str, str], path: str) -> str:
         return roles[role]
     if role in TOOL_ROLES:
         raise _Rejection(f"{path}: is {role!r}; tool turns are not supported")
-    raise _Rejection(f"{path}: {role!r} is not one of {', '.join(roles)}")
+    raise _Rejection(f"{path}: {role!r} is not one of {', '.join(roles)} (--roles NAME=ROLE maps others)")
 
 
 def _content_text(value: object, path: str) -> str:

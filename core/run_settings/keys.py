@@ -79,6 +79,31 @@ def _column_name(value: str | None) -> str | None:
     return None
 
 
+CHAT_ROLES = ("system", "user", "assistant")  # what a dataset's own role names may stand for
+
+
+def _turn_keys(value: tuple[str, str] | None) -> str | None:
+    if value is None:
+        return None
+    problems = [problem for key in value if (problem := _column_name(key)) is not None]
+    if problems:
+        return f"names the role's key and the text's key: each {problems[0].removeprefix('must be ')}"
+    return "must name two different keys: the role's, then the text's" if value[0] == value[1] else None
+
+
+def _role_names(value: dict[str, str] | None) -> str | None:
+    if value is None:
+        return None
+    if not value:
+        return "must map at least one role name (NAME=ROLE)"
+    for name, role in value.items():
+        if (problem := _column_name(name)) is not None:
+            return f"role name {name!r}: {problem.replace('column name', 'role name')}"
+        if role not in CHAT_ROLES:
+            return f"{name}={role}: a role name stands for one of {', '.join(CHAT_ROLES)}"
+    return None
+
+
 _SHARE = _within(lambda value: 0 <= value <= 1, "must be a share between 0 and 1 (0.2 is 20%)")
 
 SAMPLING_KEYS: tuple[SettingKey, ...] = (
@@ -166,6 +191,8 @@ RUN_KEYS: tuple[SettingKey, ...] = (
     SettingKey("messages_field", ("messages_field",), "--messages-field", _column_name),
     SettingKey("system_field", ("system_field",), "--system-field", _column_name),
     SettingKey("id_field", ("id_field",), "--id-field", _column_name),
+    SettingKey("turn_keys", ("turn_keys",), "--turn-keys", _turn_keys),
+    SettingKey("roles", ("roles",), "--roles", _role_names),
 )
 KEYS: dict[str, SettingKey] = {key.name: key for key in (*SAMPLING_KEYS, *RUN_KEYS)}
 SAMPLING_NAMES = tuple(key.name for key in SAMPLING_KEYS)

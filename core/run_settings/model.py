@@ -50,6 +50,10 @@ class RunSettings(Record, frozen=True):
     messages_field: str | None = None
     system_field: str | None = None
     id_field: str | None = None
+    # How the dataset's turns name their role and their text, and its own role names (None: {role, content}
+    # or ShareGPT {from, value}, with their usual role names): pinned for the same reason.
+    turn_keys: tuple[str, str] | None = None
+    roles: dict[str, str] | None = None
 
 
 NEW_RUN_TURNS = Turns.ALL

@@ -15,6 +15,8 @@ from core.run_settings.keys import KEYS, SAMPLING_NAMES
 from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, QualityGate, TruncationPolicy
 
 GATE = QualityGate()
+LIST_SEPARATOR = ","
+ROLE_SEPARATOR = "="
 
 
 def _add(group: argparse._ArgumentGroup, name: str, **options: Any) -> None:
@@ -76,6 +78,20 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     _add(columns, "system_field", metavar="NAME", help="a system prompt's")
     _add(columns, "id_field", metavar="NAME", help="each row's own id's")
+    _add(
+        columns,
+        "turn_keys",
+        metavar="ROLE,TEXT",
+        type=turn_keys_option,
+        help="a turn's role key and text key, e.g. speaker,text (default: role,content or from,value)",
+    )
+    _add(
+        columns,
+        "roles",
+        metavar="NAME=ROLE,...",
+        type=roles_option,
+        help="your role names, e.g. human=user,bot=assistant (each stands for system, user or assistant)",
+    )
     quality = parser.add_argument_group("data quality (pinned too)")
     _add(
         quality,
@@ -103,6 +119,25 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         help=f"pause above (default {GATE.max_truncated_rate})",
     )
+
+
+def turn_keys_option(text: str) -> list[str]:
+    """`speaker,text` -> the role's key and the text's key."""
+    keys = [key.strip() for key in text.split(LIST_SEPARATOR)]
+    if len(keys) != len(("role", "text")) or not all(keys):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be ROLE_KEY,TEXT_KEY (e.g. speaker,text)")
+    return keys
+
+
+def roles_option(text: str) -> dict[str, str]:
+    """`human=user,bot=assistant` -> each of the dataset's role names and the role it stands for."""
+    roles: dict[str, str] = {}
+    for pair in text.split(LIST_SEPARATOR):
+        name, equals, role = (part.strip() for part in pair.partition(ROLE_SEPARATOR))
+        if not equals or not name or not role:
+            raise argparse.ArgumentTypeError(f"{pair!r}: must be NAME=ROLE (e.g. human=user,bot=assistant)")
+        roles[name] = role
+    return roles
 
 
 def stated_options(args: argparse.Namespace, names: Iterable[str] = KEYS) -> dict[str, Any]:

@@ -48,6 +48,8 @@ def row_fields_of(settings: RunSettings) -> RowFields:
         messages=settings.messages_field,
         system=settings.system_field,
         id_field=settings.id_field,
+        turn_keys=settings.turn_keys,
+        roles=settings.roles,
     )
 
 

@@ -67,6 +67,16 @@ OUT = "{tmp}/out"
 NEW_RUN = ("enqueue", DATA, "--run", RUN, "--output", OUT)  # a valid first enqueue: cases add one bad thing
 DATA_IDS = {"q0", "q1", "q2"}
 MAPPED_QUESTIONS = ("--prompt-field", "question", "--id-field", "uid")
+MAPPED_DIALOGS = (
+    "--messages-field",
+    "dialog",
+    "--id-field",
+    "conv_id",
+    "--turn-keys",
+    "speaker,text",
+    "--roles",
+    "human=user,bot=assistant",
+)
 RETRY_HELPS = "a retry helps"
 NO_AWS_CREDENTIALS = {
     "AWS_CONFIG_FILE": "{tmp}/no-aws-config",
@@ -430,6 +440,25 @@ INPUT_ROWS = [
         ("new                 3 prompts",),
         enqueued({"u0", "u1", "u2"}),
     ),
+    Case(
+        "input-chat-shape-mapped",
+        ("enqueue", "{tmp}/dialogs.jsonl", "--run", RUN, "--output", OUT, *MAPPED_DIALOGS),
+        EXIT_OK,
+        ("new                 3 prompts",),
+        enqueued({"c0", "c1", "c2"}),
+    ),
+    Case(
+        "input-chat-shape-unmapped",
+        ("enqueue", "{tmp}/dialogs.jsonl", "--run", RUN, "--output", OUT, "--messages-field", "dialog"),
+        EXIT_USAGE,
+        (
+            "dialogs.jsonl: all its 3 rows are rejected, nothing to enqueue",
+            "row 1: dialog[0].role: is missing (a turn is {role, content} or ShareGPT {from, value}; "
+            "--turn-keys ROLE,TEXT reads others)",
+        ),
+        nothing_pinned(),
+    ),
+    refused("input-chat-role-unknown", ("--roles", "bot=robot"), "--roles {'bot': 'robot'}: bot=robot"),
     Case(
         "input-columns-mapped-otherwise-on-re-enqueue",
         ("enqueue", "{tmp}/questions.jsonl", "--run", PINNED, "--prompt-field", "answer"),

@@ -139,6 +139,10 @@ def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
     assert prompt.messages == [Message(role="user", content="hi")]
 
 
+USUAL_SHAPES = " (a turn is {role, content} or ShareGPT {from, value}; --turn-keys ROLE,TEXT reads others)"
+MAPS_ROLES = " (--roles NAME=ROLE maps others)"
+
+
 # --- rejections ---------------------------------------------------------------------------
 
 
@@ -155,8 +159,8 @@ def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
         ({"messages": "hello"}, "messages: must be a list of turns, got str"),
         ({"messages": []}, "messages: is empty"),
         ({"messages": ["hello"]}, "messages[0]: must be an object, got str"),
-        ({"messages": [{"content": "hi"}]}, "messages[0].role: is missing"),
-        ({"messages": [{"role": "user"}]}, "messages[0].content: is missing"),
+        ({"messages": [{"content": "hi"}]}, "messages[0].role: is missing" + USUAL_SHAPES),
+        ({"messages": [{"role": "user"}]}, "messages[0].content: is missing" + USUAL_SHAPES),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content: is null"),
         ({"messages": [{"role": 3, "content": "hi"}]}, "messages[0].role: must be a string, got int"),
         (
@@ -165,7 +169,7 @@ def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
         ),
         (
             {"messages": [{"role": "narrator", "content": "hi"}]},
-            "messages[0].role: 'narrator' is not one of system, developer, user, assistant",
+            "messages[0].role: 'narrator' is not one of system, developer, user, assistant" + MAPS_ROLES,
         ),
         (
             {"messages": [user("hi"), {"role": "tool", "content": "42"}, user("and?")]},
@@ -196,11 +200,12 @@ def test_extra_fields_in_turns_and_parts_are_ignored() -> None:
             "system: differs from the conversation's own system turn",
         ),
         ({"conversations": {"from": "human"}}, "conversations: must be a list of turns, got dict"),
-        ({"conversations": [{"from": "human"}]}, "conversations[0].value: is missing"),
-        ({"conversations": [{"value": "hi"}]}, "conversations[0].from: is missing"),
+        ({"conversations": [{"from": "human"}]}, "conversations[0].value: is missing" + USUAL_SHAPES),
+        ({"conversations": [{"value": "hi"}]}, "conversations[0].from: is missing" + USUAL_SHAPES),
         (
             {"conversations": [{"from": "robot", "value": "hi"}]},
-            "conversations[0].from: 'robot' is not one of system, human, user, gpt, assistant, chatgpt, bing",
+            "conversations[0].from: 'robot' is not one of system, human, user, gpt, assistant, chatgpt, bing"
+            + MAPS_ROLES,
         ),
         (
             {"conversations": [{"from": "human", "value": "hi"}, {"from": "function_call", "value": "{}"}]},
@@ -317,3 +322,68 @@ def test_content_of_more_parts_than_the_cap_is_rejected_with_the_count() -> None
     assert reason_of({"messages": [{"role": "user", "content": parts}]}) == (
         f"messages[0].content: holds {len(parts):,} content parts, more than {MAX_CONTENT_PARTS:,}"
     )
+
+
+# --- a dataset's own chat shape ------------------------------------------------------------
+
+
+OWN_CHATS = RowFields.mapped(
+    messages="dialog",
+    id_field="conv_id",
+    turn_keys=("speaker", "text"),
+    roles={"human": "user", "bot": "assistant"},
+)
+
+
+def test_turns_of_a_shape_of_their_own_are_read_by_the_run_s_turn_keys_and_role_names() -> None:
+    raw = {
+        "conv_id": "c-1",
+        "dialog": [
+            {"speaker": "human", "text": "Hi"},
+            {"speaker": "bot", "text": "Hello"},
+            {"speaker": "human", "text": "Tell me a joke"},
+        ],
+    }
+    result = parse_row(raw, row=ROW, fields=OWN_CHATS)
+    assert isinstance(result, Prompt), result
+    assert result.id == "c-1"
+    assert result.messages == [
+        Message(role="user", content="Hi"),
+        Message(role="assistant", content="Hello"),
+        Message(role="user", content="Tell me a joke"),
+    ]
+    same_in_openai_shape = parse_row(
+        {"messages": [user("Hi"), assistant("Hello"), user("Tell me a joke")]}, row=ROW
+    )
+    assert isinstance(same_in_openai_shape, Prompt)
+    assert same_in_openai_shape.messages == result.messages
+
+
+@pytest.mark.parametrize(
+    ("turn", "reason"),
+    [
+        ({"text": "Hi"}, "dialog[0].speaker: is missing (a turn is {speaker, text}, as --turn-keys says)"),
+        (
+            {"speaker": "human", "content": "Hi"},
+            "dialog[0].text: is missing (a turn is {speaker, text}, as --turn-keys says)",
+        ),
+        (
+            {"speaker": "narrator", "text": "Once"},
+            "dialog[0].speaker: 'narrator' is not one of system, user, assistant, human, bot" + MAPS_ROLES,
+        ),
+    ],
+)
+def test_a_turn_that_does_not_fit_the_run_s_shape_is_rejected_naming_the_shape(
+    turn: object, reason: str
+) -> None:
+    rejected = parse_row({"dialog": [turn]}, row=ROW, fields=OWN_CHATS)
+    assert isinstance(rejected, RejectedRow)
+    assert rejected.reason == reason
+
+
+def test_the_run_s_role_names_join_those_of_the_usual_shapes() -> None:
+    fields = RowFields.mapped(roles={"bot": "assistant", "human": "user"})
+    raw = {"messages": [{"role": "human", "content": "Hi"}, {"role": "bot", "content": "Yo"}, user("Again")]}
+    result = parse_row(raw, row=ROW, fields=fields)
+    assert isinstance(result, Prompt), result
+    assert [m.role for m in result.messages] == ["user", "assistant", "user"]

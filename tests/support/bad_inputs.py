@@ -99,6 +99,17 @@ INPUT_FILES: dict[str, list[object]] = {
         {"uid": f"u{i}", "question": f"question {i}", "answer": "4"} for i in range(DATA_ROWS)
     ],
     "mostly-bad.jsonl": [rows(1)[0], *({"question": f"question {i}"} for i in range(1, 4))],
+    "dialogs.jsonl": [  # a chat schema of its own, as a user's export gives it
+        {
+            "conv_id": f"c{i}",
+            "dialog": [
+                {"speaker": "human", "text": f"hello {i}"},
+                {"speaker": "bot", "text": "hi"},
+                {"speaker": "human", "text": f"question {i}"},
+            ],
+        }
+        for i in range(DATA_ROWS)
+    ],
 }
 TEXT_FILES = {
     "empty.jsonl": "",

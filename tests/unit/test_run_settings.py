@@ -13,6 +13,7 @@ from core.records import SamplingSettings, Turns
 from core.run_settings.keys import KEYS, settings_problems
 from core.run_settings.layers import read_toml, resolve, stated_settings
 from core.run_settings.model import RunSettings, differences, new_run_settings
+from core.run_settings.options import stated_options
 from workers.errors import InvalidRunName, RecordUnreadable
 from workers.state.keys import check_run_name
 from workers.state.runs import decode_run_settings, encode_run_settings
@@ -221,3 +222,52 @@ def test_the_output_has_one_name_as_an_option_a_toml_key_and_a_field(tmp_path: P
     assert from_file.output == "s3://bucket/from-file"
     assert KEYS["output"].flag == "--output"
     assert b'"output":"s3://bucket/from-file"' in encode_run_settings(from_file)
+
+
+def test_a_chat_shape_of_its_own_is_stated_as_options_or_in_the_toml_and_pinned_alike(tmp_path: Path) -> None:
+    parser = _enqueue_parser()
+    args = parser.parse_args(
+        ["data.jsonl", "--run", "r1", "--turn-keys", "speaker,text", "--roles", "human=user,bot=assistant"]
+    )
+    from_options = resolve_run_settings("r1", pinned=None, file_values={}, option_values=stated_options(args))
+    config = tmp_path / "run.toml"
+    config.write_text('turn_keys = ["speaker", "text"]\n[roles]\nhuman = "user"\nbot = "assistant"\n')
+    from_file = resolve_run_settings("r1", pinned=None, file_values=read_toml(config), option_values={})
+    assert from_options == from_file
+    assert from_file.turn_keys == ("speaker", "text")
+    assert from_file.roles == {"human": "user", "bot": "assistant"}
+    assert decode_run_settings(encode_run_settings(from_file)) == from_file
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"turn_keys": ["text", "text"]}, "--turn-keys ['text', 'text']: must name two different keys"),
+        (
+            {"turn_keys": ["speaker"]},
+            "--turn-keys ['speaker']: invalid run settings: Expected `array` of length 2",
+        ),
+        (
+            {"roles": {"bot": "robot"}},
+            "--roles {'bot': 'robot'}: bot=robot: a role name stands for one of system",
+        ),
+        ({"roles": {}}, "--roles {}: must map at least one role name"),
+    ],
+)
+def test_a_chat_shape_that_cannot_be_read_is_refused_naming_the_option(
+    options: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(SettingsRefused, match=re.escape(words)):
+        stated_settings({}, options)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [(["--turn-keys", "speaker"], "must be ROLE_KEY,TEXT_KEY"), (["--roles", "bot"], "must be NAME=ROLE")],
+)
+def test_a_chat_shape_option_of_the_wrong_form_is_a_usage_error(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        _enqueue_parser().parse_args(["data.jsonl", "--run", "r1", *argv])
+    assert words in capsys.readouterr().err
