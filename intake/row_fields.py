@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.run_settings.model import RunSettings
 from intake.prompt_ids import ID_FIELDS
 
 MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD, SYSTEM_FIELD = (
@@ -57,6 +58,18 @@ class RowFields:
             ids=(id_field,) if id_field else default.ids,
             turn_keys=turn_keys,
             roles=roles,
+        )
+
+    @classmethod
+    def of(cls, settings: RunSettings) -> RowFields:
+        """The fields a run's rows are read from, as its settings say."""
+        return cls.mapped(
+            prompt=settings.prompt_field,
+            messages=settings.messages_field,
+            system=settings.system_field,
+            id_field=settings.id_field,
+            turn_keys=settings.turn_keys,
+            roles=settings.roles,
         )
 
     @property

@@ -23,14 +23,16 @@ from rich.text import Text
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from core.records import SamplingSettings
-from core.run_settings.options import add_sampling_options, stated_sampling_options
+from core.run_settings.model import RunSettings
+from core.run_settings.options import add_column_options, add_sampling_options, stated_reading_options
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
+from intake.row_fields import RowFields
 from node.errors import OptionError
 from node.preflight.judging import Level, Verdict
 from node.preflight.outcomes import PromptOutcome
 from node.preflight.prompts import BUILTIN_PROMPTS, DEFAULT_PROMPT_COUNT, PreflightPrompt
 from node.preflight.report import PreflightReport, report_to_json
-from node.preflight.run_files import run_prompts, run_sampling
+from node.preflight.run_files import run_prompts, run_settings
 from node.settings import DEFAULT_API_KEY_ENV, read_api_key
 
 REPORT_WIDTH_COLUMNS = 120
@@ -98,19 +100,25 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         thinking_help="chat_template_kwargs.enable_thinking (default on); off expects no reasoning",
         seed_help="sent as the run sends it",
     )
+    add_column_options(parser)
+
+
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
+    """Defaults, then the TOML file, then the options: the layering `enqueue` uses for a new run."""
+    return run_settings(args.config, stated_reading_options(args))
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
-    """Defaults, then the TOML file, then the options: the layering `enqueue` uses for a new run."""
-    return run_sampling(args.config, stated_sampling_options(args))
+    return settings_from_args(args).sampling
 
 
-def prompts_from_args(args: argparse.Namespace) -> list[PreflightPrompt]:
+def prompts_from_args(args: argparse.Namespace, settings: RunSettings) -> list[PreflightPrompt]:
+    """The built-in prompts, or the first of --prompts read with the run's columns and chat shape."""
     if args.count < 1:
         raise OptionError(f"--count must be at least 1, got {args.count}")
     if args.prompts is None:
         return _builtin_prompts(args.count)
-    return run_prompts(args.prompts, args.count)
+    return run_prompts(args.prompts, args.count, RowFields.of(settings))
 
 
 def _builtin_prompts(count: int) -> list[PreflightPrompt]:
@@ -126,8 +134,9 @@ def _builtin_prompts(count: int) -> list[PreflightPrompt]:
 
 def preflight_command(args: argparse.Namespace) -> int:
     try:
-        sampling = sampling_from_args(args)
-        prompts = prompts_from_args(args)
+        settings = settings_from_args(args)
+        sampling = settings.sampling
+        prompts = prompts_from_args(args, settings)
         api_key = read_api_key(args.api_key_env, args.api_key_file, os.environ)
     except OptionError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -196,6 +196,7 @@ RUN_KEYS: tuple[SettingKey, ...] = (
 )
 KEYS: dict[str, SettingKey] = {key.name: key for key in (*SAMPLING_KEYS, *RUN_KEYS)}
 SAMPLING_NAMES = tuple(key.name for key in SAMPLING_KEYS)
+COLUMN_NAMES = ("prompt_field", "messages_field", "system_field", "id_field", "turn_keys", "roles")
 
 
 def value_problem(key: SettingKey, value: Any) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from core.records import Turns
-from core.run_settings.keys import KEYS, SAMPLING_NAMES
+from core.run_settings.keys import COLUMN_NAMES, KEYS, SAMPLING_NAMES
 from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, QualityGate, TruncationPolicy
 
 GATE = QualityGate()
@@ -65,33 +65,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "holding the answers regenerated before it; last answers only the last user turn, the history "
         "as the dataset gives it",
     )
-    columns = parser.add_argument_group(
-        "your dataset's columns (pinned; default: messages or conversations, else prompt; system; "
-        "id, custom_id or uuid)"
-    )
-    _add(columns, "prompt_field", metavar="NAME", help="the column of one user prompt's text")
-    _add(
-        columns,
-        "messages_field",
-        metavar="NAME",
-        help="the column of a list of turns ({role, content} or ShareGPT {from, value})",
-    )
-    _add(columns, "system_field", metavar="NAME", help="a system prompt's")
-    _add(columns, "id_field", metavar="NAME", help="each row's own id's")
-    _add(
-        columns,
-        "turn_keys",
-        metavar="ROLE,TEXT",
-        type=turn_keys_option,
-        help="a turn's role key and text key, e.g. speaker,text (default: role,content or from,value)",
-    )
-    _add(
-        columns,
-        "roles",
-        metavar="NAME=ROLE,...",
-        type=roles_option,
-        help="your role names, e.g. human=user,bot=assistant (each stands for system, user or assistant)",
-    )
+    add_column_options(parser)
     quality = parser.add_argument_group("data quality (pinned too)")
     _add(
         quality,
@@ -121,6 +95,37 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_column_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say how a row of the dataset is read (its columns, its chat shape)."""
+    columns = parser.add_argument_group(
+        "your dataset's columns (pinned; default: messages or conversations, else prompt; system; "
+        "id, custom_id or uuid)"
+    )
+    _add(columns, "prompt_field", metavar="NAME", help="the column of one user prompt's text")
+    _add(
+        columns,
+        "messages_field",
+        metavar="NAME",
+        help="the column of a list of turns ({role, content} or ShareGPT {from, value})",
+    )
+    _add(columns, "system_field", metavar="NAME", help="a system prompt's")
+    _add(columns, "id_field", metavar="NAME", help="each row's own id's")
+    _add(
+        columns,
+        "turn_keys",
+        metavar="ROLE,TEXT",
+        type=turn_keys_option,
+        help="a turn's role key and text key, e.g. speaker,text (default: role,content or from,value)",
+    )
+    _add(
+        columns,
+        "roles",
+        metavar="NAME=ROLE,...",
+        type=roles_option,
+        help="your role names, e.g. human=user,bot=assistant (each stands for system, user or assistant)",
+    )
+
+
 def turn_keys_option(text: str) -> list[str]:
     """`speaker,text` -> the role's key and the text's key."""
     keys = [key.strip() for key in text.split(LIST_SEPARATOR)]
@@ -147,3 +152,8 @@ def stated_options(args: argparse.Namespace, names: Iterable[str] = KEYS) -> dic
 
 def stated_sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     return stated_options(args, SAMPLING_NAMES)
+
+
+def stated_reading_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What `add_sampling_options` and `add_column_options` read: how rows are read and answered."""
+    return stated_options(args, (*SAMPLING_NAMES, *COLUMN_NAMES))

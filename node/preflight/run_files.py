@@ -13,30 +13,37 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import SettingsRefused
-from core.records import SamplingSettings
-from core.run_settings.layers import read_toml, stated_settings
+from core.run_settings.layers import read_toml, resolve, stated_settings
+from core.run_settings.model import RunSettings
 from intake.errors import SourceError
 from intake.rejected import RejectedRow
+from intake.row_fields import RowFields
 from node.errors import OptionError
 from node.preflight.prompts import PreflightPrompt
 
+PREFLIGHT_RUN = "preflight"  # the name the settings are resolved under; nothing of it is pinned
+NO_OUTPUT = ""  # preflight writes no output
 
-def run_sampling(config: Path | None, options: Mapping[str, Any]) -> SamplingSettings:
-    """The sampling `enqueue` would pin for a new run: defaults, then the file, then the options given."""
+
+def run_settings(config: Path | None, options: Mapping[str, Any]) -> RunSettings:
+    """The settings `enqueue` would pin for a new run: defaults, then the file, then the options given
+    (its output aside: preflight writes nothing)."""
     try:
         file_values = {} if config is None else read_toml(config)
-        return stated_settings(file_values, options, file_label=str(config)).sampling()
+        stated = stated_settings(file_values, options, file_label=str(config))
+        return resolve(PREFLIGHT_RUN, pinned=None, stated=stated, new_run_output=NO_OUTPUT)
     except SettingsRefused as error:
         raise OptionError(str(error)) from error
 
 
-def run_prompts(data: str, count: int) -> list[PreflightPrompt]:
-    """The first `count` usable prompts of DATA (a rejected row is skipped with a line on stderr)."""
+def run_prompts(data: str, count: int, fields: RowFields) -> list[PreflightPrompt]:
+    """The first `count` usable prompts of DATA, its rows read as the run reads them (a rejected row is
+    skipped with a line on stderr)."""
     from intake.reading import iter_prompts  # pyarrow loads only when a file is read, not for --help
 
     prompts: list[PreflightPrompt] = []
     try:
-        items = iter_prompts(data)
+        items = iter_prompts(data, fields=fields)
         with contextlib.closing(items):  # closing the generator releases the file or connection
             for item in items:
                 if isinstance(item, RejectedRow):

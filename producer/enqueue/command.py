@@ -41,18 +41,6 @@ LOOKAHEAD_REJECTIONS = 10_000  # rows read, before anything is pinned, to find t
 MOST_ROWS_SHARE = 0.5  # above this share of rejected rows, enqueue warns at the end
 
 
-def row_fields_of(settings: RunSettings) -> RowFields:
-    """The columns the run's rows are read from, as pinned."""
-    return RowFields.mapped(
-        prompt=settings.prompt_field,
-        messages=settings.messages_field,
-        system=settings.system_field,
-        id_field=settings.id_field,
-        turn_keys=settings.turn_keys,
-        roles=settings.roles,
-    )
-
-
 def _print_enqueue_report(report: EnqueueReport) -> None:
     batches = "batch" if report.batches == 1 else "batches"
     print(f"new                 {report.new} prompts in {report.batches} {batches}")
@@ -175,7 +163,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     from workers.state.dispatch import CeleryDispatcher
 
     limits = ReadLimits(max_row_bytes=args.max_row_bytes or row_limit_bytes(given.sampling.max_tokens))
-    prompts = iter_prompts(args.data, turns=given.turns, limits=limits, fields=row_fields_of(given))
+    prompts = iter_prompts(args.data, turns=given.turns, limits=limits, fields=RowFields.of(given))
     rows = ProgressLines(f"read rows of {args.data}").counted(prompts)
     items = _with_first_prompt(rows, args.data)  # a missing, empty or all-rejected input fails here
     items, parts = parts_for(items, args.processes)

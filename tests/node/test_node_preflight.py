@@ -478,6 +478,54 @@ def test_prompts_come_from_a_jsonl_file_skipping_bad_rows(
     assert [prompt["name"] for prompt in report["prompts"]] == ["row 1", "row 3"]
 
 
+def test_prompts_in_a_chat_shape_of_their_own_are_read_with_the_run_s_mapping_from_options_or_toml(
+    simulator: SimulatorProcess, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = tmp_path / "dialogs.jsonl"
+    dialog = [{"speaker": "human", "text": "Hi"}, {"speaker": "bot", "text": "Hello"}]
+    rows = [
+        {"conv_id": f"c{i}", "dialog": [*dialog, {"speaker": "human", "text": f"Add {i} and 3."}]}
+        for i in range(2)
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "run.toml"
+    config.write_text(
+        'messages_field = "dialog"\nturn_keys = ["speaker", "text"]\n'
+        '[roles]\nhuman = "user"\nbot = "assistant"\n'
+    )
+    mapping = (
+        "--messages-field",
+        "dialog",
+        "--turn-keys",
+        "speaker,text",
+        "--roles",
+        "human=user,bot=assistant",
+    )
+
+    by_options = preflight_json(simulator.url, capsys, "--prompts", str(data), "--count", "2", *mapping)
+    by_toml = preflight_json(
+        simulator.url, capsys, "--prompts", str(data), "--count", "2", "--config", str(config)
+    )
+
+    for exit_code, report in (by_options, by_toml):
+        assert exit_code == EXIT_OK
+        assert [prompt["name"] for prompt in report["prompts"]] == ["row 1", "row 2"]
+
+
+def test_prompts_whose_shape_the_run_does_not_map_are_skipped_saying_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "dialogs.jsonl"
+    data.write_text(json.dumps({"dialog": [{"speaker": "human", "text": "Hi"}]}) + "\n")
+
+    exit_code = main(["preflight", "--url", URL, "--prompts", str(data), "--messages-field", "dialog"])
+
+    assert exit_code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "dialog[0].role: is missing (a turn is {role, content} or ShareGPT {from, value}" in err
+    assert "holds no usable prompt" in err
+
+
 def test_the_readable_report_shows_each_prompt_the_finding_its_advice_and_the_verdict(
     simulator: SimulatorProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
