@@ -21,8 +21,7 @@ from typing import Any
 import msgspec
 
 from core.errors import SettingsRefused
-from core.records import SamplingSettings
-from core.run_settings.keys import KEYS, SAMPLING_NAMES, value_problem
+from core.run_settings.keys import KEYS, value_problem
 from core.run_settings.model import (
     DEFAULT_RETRY_MAX_TOKENS_CAP,
     RunSettings,
@@ -43,12 +42,6 @@ class StatedSettings:
 
     def with_value(self, name: str, value: Any) -> StatedSettings:
         return StatedSettings({**self.values, name: value}, self.origins)
-
-    def sampling(self) -> SamplingSettings:
-        """The sampling a new run would pin: the defaults, then what is stated."""
-        defaults = msgspec.to_builtins(SamplingSettings())
-        stated = {name: value for name, value in self.values.items() if name in SAMPLING_NAMES}
-        return msgspec.convert({**defaults, **stated}, type=SamplingSettings)
 
 
 def read_toml(path: Path) -> dict[str, Any]:

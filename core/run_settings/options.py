@@ -150,10 +150,6 @@ def stated_options(args: argparse.Namespace, names: Iterable[str] = KEYS) -> dic
     return {name: getattr(args, name) for name in names}
 
 
-def stated_sampling_options(args: argparse.Namespace) -> dict[str, Any]:
-    return stated_options(args, SAMPLING_NAMES)
-
-
 def stated_reading_options(args: argparse.Namespace) -> dict[str, Any]:
     """What `add_sampling_options` and `add_column_options` read: how rows are read and answered."""
     return stated_options(args, (*SAMPLING_NAMES, *COLUMN_NAMES))
