@@ -23,11 +23,12 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 HELP_EPILOG = """examples:
-  python -m producer enqueue prompts.jsonl --run qwen-think-v1 --max-tokens 32768 --output s3://bucket/runs
+  python -m producer enqueue prompts.jsonl --run qwen-think-v1 --max-tokens 32768 \
+      --output s3://bucket/runs/qwen-think-v1   # the run's own; by default ./output/qwen-think-v1
   python -m producer enqueue s3://bucket/data/train.parquet --run qwen-think-v1   # again: adds only new
   python -m producer verify --run qwen-think-v1
   python -m producer gc --run qwen-think-v1 --dry-run
-  python -m producer recover --run qwen-think-v1 --output s3://bucket/runs   # after losing Redis
+  python -m producer recover --run qwen-think-v1 --output s3://bucket/runs/qwen-think-v1   # Redis lost
   python -c "import pandas as pd, sys; print(pd.concat(map(pd.read_parquet, sys.argv[1:])))" \
       $(python -m producer files --run qwen-think-v1)
 """

@@ -15,7 +15,7 @@ from producer.settings import ProducerSettings
 from workers.errors import RecordUnreadable, UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
 from workers.record.storage import check_output_folder, open_store
-from workers.state.keys import RunKeys
+from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.runs import decode_run_settings
 
 
@@ -51,6 +51,26 @@ def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
             f"run {run!r}: its pinned settings in Redis are unreadable ({error}); `python -m producer "
             f"recover --run {run} --output URL` restores them from the output's run.json"
         ) from error
+
+
+def other_runs_settings(client: redis.Redis, run: str) -> list[RunSettings]:
+    """The pinned settings of every run in Redis but `run`; a run whose settings are missing or unreadable
+    is left out (its own commands say what is wrong with it)."""
+    names = (raw.decode(errors="replace") for raw in client.smembers(RUNS_KEY))
+    others = sorted(name for name in names if name != run)
+    with client.pipeline(transaction=False) as pipe:
+        for other in others:
+            pipe.get(RunKeys(other).settings)
+        raws = pipe.execute()
+    settings = []
+    for raw in raws:
+        if raw is None:
+            continue
+        try:
+            settings.append(decode_run_settings(raw))
+        except RecordUnreadable:
+            continue
+    return settings
 
 
 def require_run(client: redis.Redis, run: str) -> RunSettings:

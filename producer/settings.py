@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from core.run_settings.model import DEFAULT_OUTPUT
+from core.run_settings.model import DEFAULT_OUTPUT_ROOT
 from workers.settings import DEFAULT_REDIS_URL, ENV_PREFIX, check_environment
 
 OUTPUT_ENV = ENV_PREFIX + "OUTPUT"
@@ -25,7 +25,7 @@ def default_enqueue_processes() -> int:
 @dataclass(frozen=True)
 class ProducerSettings:
     redis_url: str = DEFAULT_REDIS_URL
-    output: str = DEFAULT_OUTPUT  # OUTPUT_ENV: the output of a new run that states none
+    output_root: str = DEFAULT_OUTPUT_ROOT  # OUTPUT_ENV: a new run that states no output gets <root>/<run>
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProducerSettings:
@@ -33,5 +33,5 @@ class ProducerSettings:
         check_environment(source)  # a mistyped DRAFTGEN_* variable is refused, naming the nearest one
         return cls(
             redis_url=source.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL,
-            output=source.get(OUTPUT_ENV) or cls.output,
+            output_root=source.get(OUTPUT_ENV) or cls.output_root,
         )

@@ -9,7 +9,7 @@ import msgspec
 
 from core.records import Record, SamplingSettings, Turns
 
-DEFAULT_OUTPUT = "./output"  # a new run's output when neither --output nor DRAFTGEN_OUTPUT says one
+DEFAULT_OUTPUT_ROOT = "./output"  # a new run stating no output gets <root>/<run>; DRAFTGEN_OUTPUT moves it
 DEFAULT_BATCH_SIZE = 32  # prompts per message: small, so a batch lives far below the visibility timeout
 DEFAULT_GATE_MIN_COMPLETIONS = 200
 DEFAULT_GATE_MAX_EMPTY_ANSWER_RATE = 0.20

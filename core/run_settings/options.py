@@ -12,7 +12,7 @@ from typing import Any
 
 from core.records import Turns
 from core.run_settings.keys import COLUMN_NAMES, KEYS, SAMPLING_NAMES
-from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT, QualityGate, TruncationPolicy
+from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT_ROOT, QualityGate, TruncationPolicy
 
 GATE = QualityGate()
 LIST_SEPARATOR = ","
@@ -56,7 +56,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="requests per message: prompts, a conversation counting its turns "
         f"(default {DEFAULT_BATCH_SIZE})",
     )
-    _add(group, "output", help=f"s3://bucket/prefix or a folder (default {DEFAULT_OUTPUT})")
+    _add(
+        group,
+        "output",
+        help="the run's own s3://bucket/prefix or folder, no other run's and none inside one "
+        f"(default {DEFAULT_OUTPUT_ROOT}/RUN, or $DRAFTGEN_OUTPUT/RUN)",
+    )
     _add(
         group,
         "turns",

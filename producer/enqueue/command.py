@@ -14,7 +14,7 @@ import redis
 from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from core.records import Prompt
 from core.run_settings.layers import OUTPUT_KEY, StatedSettings, read_toml, resolve, stated_settings
-from core.run_settings.model import DEFAULT_OUTPUT, RunSettings
+from core.run_settings.model import DEFAULT_OUTPUT_ROOT, RunSettings
 from core.run_settings.options import stated_options
 from intake.data_files import check_data
 from intake.limits import ReadLimits, row_limit_bytes
@@ -26,13 +26,19 @@ from producer.errors import (
     SourceError,
 )
 from producer.progress_lines import ProgressLines
-from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, pinned_settings
+from producer.run_access import (
+    checked_output_store,
+    chosen_redis_url,
+    connect_redis,
+    other_runs_settings,
+    pinned_settings,
+)
 from producer.settings import OUTPUT_ENV, ProducerSettings
 from workers.broker.broker import sending_app
 from workers.errors import UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
-from workers.record.output_pin import write_run_json
-from workers.record.storage import normalise_output
+from workers.record.output_pin import overlapping_run_output, write_run_json
+from workers.record.storage import normalise_output, run_output_under
 from workers.settings import WorkerSettings
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
@@ -119,17 +125,35 @@ def _with_output_checked(stated: StatedSettings) -> StatedSettings:
     return stated.with_value(OUTPUT_KEY, _output(stated.values[OUTPUT_KEY], stated.origins[OUTPUT_KEY]))
 
 
+def _new_run_output(settings: ProducerSettings, run: str) -> str:
+    """The output of a new run that states none: its own folder (or prefix) under the output root."""
+    try:
+        return run_output_under(settings.output_root, run)
+    except UnsupportedStoreUrl as error:
+        raise OutputError(f"the output root ({OUTPUT_ENV} or {DEFAULT_OUTPUT_ROOT}): {error}") from error
+
+
+def _check_output_apart(client: redis.Redis, given: RunSettings) -> None:
+    """A new run's output is no other run's, holds none and lies inside none (OutputError naming both):
+    `gc` and `verify` of one would count the other's files as its own."""
+    for other in other_runs_settings(client, given.run):
+        if reason := overlapping_run_output(given.run, given.output, other):
+            raise OutputError(f"--output: {reason}; give run {given.run!r} an --output of its own")
+
+
 def _validated_run(
     settings: ProducerSettings, client: redis.Redis, run: str, stated: StatedSettings
 ) -> RunSettings:
-    """The run's settings, stated over pinned or new, refused when they differ from the pinned ones."""
+    """The run's settings, stated over pinned or new, refused when they differ from the pinned ones or
+    when a new run's output overlaps another run's."""
     pinned = pinned_settings(client, run)
-    new_run_output = settings.output
-    if pinned is None and OUTPUT_KEY not in stated.values:
-        new_run_output = _output(new_run_output, f"the default output ({OUTPUT_ENV} or {DEFAULT_OUTPUT})")
+    needs_default = pinned is None and OUTPUT_KEY not in stated.values
+    new_run_output = _new_run_output(settings, run) if needs_default else ""  # unused: pinned or stated
     given = resolve(run, pinned=pinned, stated=stated, new_run_output=new_run_output)
     if pinned is not None:
         check_same_settings(pinned, given)
+    else:
+        _check_output_apart(client, given)
     return given
 
 

@@ -20,7 +20,7 @@ from core.run_settings.model import RunSettings
 from producer.cli import main
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.runs import encode_run_settings
+from workers.state.runs import decode_run_settings, encode_run_settings
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[2]
 RUN = "r"  # the run every case names unless it says otherwise
@@ -178,6 +178,20 @@ def pinned_run(world: World) -> None:
     snapshot(world)
 
 
+def foreign_run_output(world: World) -> None:
+    """{tmp}/pinned-out holds a run's output this Redis does not know (a run of another Redis)."""
+    (world.tmp / "pinned-out").mkdir()
+    output = (world.tmp / "pinned-out").as_uri()
+    foreign = RunSettings(run="foreign", sampling=SamplingSettings(), output=output)
+    (world.tmp / "pinned-out" / "run.json").write_bytes(encode_run_settings(foreign))
+
+
+def pinned_run_in_default_output(world: World) -> None:
+    """The pinned run was enqueued without --output: its output is ./output/pinned."""
+    argv = ["--redis-url", world.redis_url, "enqueue", str(world.tmp / "data.jsonl"), "--run", PINNED]
+    assert main(argv) == EXIT_OK
+
+
 def linked_folders(world: World) -> None:
     """{tmp}/a/link is a symbolic link to {tmp}/b/c: {tmp}/a/link/.. is {tmp}/b, not {tmp}/a."""
     (world.tmp / "b" / "c").mkdir(parents=True)
@@ -254,6 +268,17 @@ def enqueued(ids: set[str], *, rejected: int = 0, run: str = RUN) -> Check:
         keys = RunKeys(run)
         assert RunLedger(world.client, keys.run).enqueued_ids() == ids
         assert world.client.hlen(keys.rejected) == rejected
+
+    return check
+
+
+def run_json_in(folder: str, *, run: str = RUN) -> Check:
+    """The run's output is {tmp}/folder: its run.json is there and names it."""
+
+    def check(world: World) -> None:
+        settings = decode_run_settings((world.tmp / folder / "run.json").read_bytes())
+        assert settings.run == run
+        assert settings.output == (world.tmp / folder).as_uri()
 
     return check
 

@@ -11,7 +11,13 @@ from core.run_settings.model import RunSettings
 from workers.errors import OutputTaken
 from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
-from workers.record.output_pin import OutputPin, output_pin_mismatch, read_run_json, run_json_of
+from workers.record.output_pin import (
+    OutputPin,
+    output_pin_mismatch,
+    overlapping_run_output,
+    read_run_json,
+    run_json_of,
+)
 from workers.record.output_pin import write_run_json as write_run_to
 from workers.record.storage import open_store
 from workers.state.control import PAUSED_BY_OUTPUT_PIN, pause_state
@@ -138,3 +144,39 @@ def test_another_runs_output_is_refused_alike_for_writing_run_json_and_for_readi
         run_json_of(store, RUN)
     assert str(reading.value) in str(writing.value)
     assert read_run_json(store).run == "first-run"  # left as it was
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "words"),
+    [
+        ("s3://b/runs/a", "s3://b/runs/a/", "holds the output of run 'other'"),
+        ("s3://b/runs", "s3://b/runs/a", "s3://b/runs holds s3://b/runs/a, the output of run 'other'"),
+        ("s3://b/runs/a/x", "s3://b/runs/a", "s3://b/runs/a/x is inside s3://b/runs/a, the output of"),
+        ("file:///data/out", "file:///data/out/r2", "holds file:///data/out/r2"),
+    ],
+)
+def test_an_output_that_is_holds_or_lies_inside_another_runs_is_refused_naming_both(
+    mine: str, theirs: str, words: str
+) -> None:
+    other = RunSettings(run="other", sampling=SamplingSettings(), output=theirs)
+    reason = overlapping_run_output(RUN, mine, other)
+    assert reason is not None and words in reason
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs"),
+    [
+        ("s3://b/runs/run-1", "s3://b/runs/run-10"),  # a shared beginning is not a shared folder
+        ("s3://b/runs/run-10", "s3://b/runs/run-1"),
+        ("s3://b/runs/a", "s3://c/runs/a"),
+        ("file:///data/out/a", "file:///data/out/b"),
+    ],
+)
+def test_outputs_side_by_side_are_apart(mine: str, theirs: str) -> None:
+    other = RunSettings(run="other", sampling=SamplingSettings(), output=theirs)
+    assert overlapping_run_output(RUN, mine, other) is None
+
+
+def test_a_run_is_never_refused_beside_itself() -> None:
+    same = RunSettings(run=RUN, sampling=SamplingSettings(), output="s3://b/runs")
+    assert overlapping_run_output(RUN, "s3://b/runs/x", same) is None

@@ -27,6 +27,8 @@ from workers.state.runs import decode_run_settings, encode_run_settings
 
 log = logging.getLogger(__name__)
 
+APART = "a run's output neither holds nor lies inside another run's"
+
 
 def read_run_json(store: ObjectStore) -> RunSettings:
     """The output's run.json: ObjectMissing when it has none, RecordUnreadable when it is not a run's."""
@@ -39,6 +41,21 @@ def another_runs_output(owner: RunSettings, run: str, url: str) -> str | None:
     if owner.run == run:
         return None
     return f"{url} holds the output of run {owner.run!r}, not {run!r}: an output belongs to one run"
+
+
+def overlapping_run_output(run: str, url: str, other: RunSettings) -> str | None:
+    """Why `url` cannot be run `run`'s output beside run `other` (it is, holds, or lies inside the other
+    run's output), or None when they are apart. Both are normalised output URLs."""
+    if other.run == run:
+        return None
+    mine, theirs = url.rstrip("/"), other.output.rstrip("/")
+    if mine == theirs:
+        return another_runs_output(other, run, url)
+    if f"{theirs}/".startswith(f"{mine}/"):
+        return f"{url} holds {theirs}, the output of run {other.run!r}: {APART}"
+    if f"{mine}/".startswith(f"{theirs}/"):
+        return f"{url} is inside {theirs}, the output of run {other.run!r}: {APART}"
+    return None
 
 
 def write_run_json(store: ObjectStore, settings: RunSettings) -> None:

@@ -7,7 +7,9 @@ Refused, each with the reason (UnsupportedStoreUrl):
 - a system folder or anything under one (`SYSTEM_FOLDERS`, `/` itself): a stack run as root would write
   run.json, data/ and manifest/ among the system's files (`/dev/shm`, real storage, is allowed);
 - a folder inside another run's output (a folder above it holds a `run.json`): `gc` of that run would list
-  the files as orphans to delete.
+  the files as orphans to delete;
+- a folder that holds another run's output (a folder below it holds a `run.json`), looked for among its
+  first NESTED_SCAN_ENTRIES entries: `gc` of the new run would list the other's files as its orphans.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ STORAGE_UNDER_SYSTEM_FOLDERS = (Path("/dev/shm"),)  # a tmpfs: real storage
 FILESYSTEM_ROOT = Path("/")
 SETTINGS_KEY = "run.json"  # the run's pinned settings, at the root of its output (workers/record/manifest.py)
 CONTROL_CATEGORY = "Cc"
+NESTED_SCAN_ENTRIES = 20_000  # entries of an existing folder looked through for a run's output below it
 
 
 def check_written_location(location: str) -> None:
@@ -61,6 +64,27 @@ def check_local_place(path: Path) -> None:
             f"{str(path)!r} is inside {str(holder)!r}, a run's output (it holds {SETTINGS_KEY}): "
             "give a folder of its own"
         )
+    nested = nested_run_output(path)
+    if nested is not None:
+        raise UnsupportedStoreUrl(
+            f"{str(path)!r} holds {str(nested)!r}, a run's output (it holds {SETTINGS_KEY}): "
+            "give a folder of its own"
+        )
+
+
+def nested_run_output(path: Path) -> Path | None:
+    """A folder below `path` that holds a run.json, among the first NESTED_SCAN_ENTRIES entries, or None."""
+    if not path.is_dir():
+        return None
+    seen = 0
+    for folder, subfolders, files in os.walk(path):
+        if folder != str(path) and SETTINGS_KEY in files:
+            return Path(folder)
+        seen += len(subfolders) + len(files)
+        if seen >= NESTED_SCAN_ENTRIES:
+            return None
+        subfolders.sort()
+    return None
 
 
 def system_folder_of(path: Path) -> Path | None:

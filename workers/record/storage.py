@@ -181,6 +181,12 @@ def normalise_output(url: str) -> str:
     return Path(url).resolve().as_uri()
 
 
+def run_output_under(root: str, run: str) -> str:
+    """Run `run`'s own output under a root (a folder or an s3:// prefix), normalised: `<root>/<run>`. A run
+    name is one path segment (workers/state/keys.py), so two runs' outputs under one root never nest."""
+    return f"{normalise_output(root).rstrip('/')}/{run}"
+
+
 def check_output_folder(url: str) -> None:
     """Refuse a folder output that cannot hold a run, before anything is written: a file or a device
     (`/dev/null`), a path through a file, a system folder, or a folder inside another run's output
