@@ -6,6 +6,7 @@ Light on purpose: `status`, `pause` and `resume` import it, and they start witho
 from __future__ import annotations
 
 import argparse
+import difflib
 
 import redis
 
@@ -53,11 +54,18 @@ def pinned_settings(client: redis.Redis, run: str) -> RunSettings | None:
         ) from error
 
 
+KNOWN_RUNS_NAMED = 8  # runs a refusal of an unknown run names, nearest first
+
+
+def run_names(client: redis.Redis) -> list[str]:
+    """Every run Redis knows, sorted by name."""
+    return sorted(raw.decode(errors="replace") for raw in client.smembers(RUNS_KEY))
+
+
 def other_runs_settings(client: redis.Redis, run: str) -> list[RunSettings]:
     """The pinned settings of every run in Redis but `run`; a run whose settings are missing or unreadable
     is left out (its own commands say what is wrong with it)."""
-    names = (raw.decode(errors="replace") for raw in client.smembers(RUNS_KEY))
-    others = sorted(name for name in names if name != run)
+    others = [name for name in run_names(client) if name != run]
     with client.pipeline(transaction=False) as pipe:
         for other in others:
             pipe.get(RunKeys(other).settings)
@@ -76,10 +84,18 @@ def other_runs_settings(client: redis.Redis, run: str) -> list[RunSettings]:
 def require_run(client: redis.Redis, run: str) -> RunSettings:
     pinned = pinned_settings(client, run)
     if pinned is None:
-        raise RunNotFound(
-            f"no run named {run!r} in Redis: start it with `python -m producer enqueue DATA --run {run}`"
-        )
+        raise RunNotFound(f"no run named {run!r} in Redis: {known_runs_hint(client, run)}")
     return pinned
+
+
+def known_runs_hint(client: redis.Redis, run: str) -> str:
+    """What to do about an unknown run name: the known runs, nearest to it first, or how to start one."""
+    names = run_names(client)
+    if not names:
+        return f"Redis knows no run yet; start one with `python -m producer enqueue DATA --run {run}`"
+    near = difflib.get_close_matches(run, names, n=KNOWN_RUNS_NAMED, cutoff=0.0)
+    more = f" and {len(names) - len(near)} more" if len(names) > len(near) else ""
+    return f"Redis knows {', '.join(near)}{more} (`python -m producer runs` lists them with their state)"
 
 
 def checked_output_store(url: str) -> ObjectStore:

@@ -182,4 +182,5 @@ def gather_status(
         + [f"restarted itself within the hour: {note}" for note in read_exit_notes(client).values()],
         quarantine=quarantine,
         parked_messages=parked,
+        output=settings.output,
     )

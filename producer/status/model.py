@@ -127,3 +127,4 @@ class RunStatus(Record, frozen=True):
     quarantine: QuarantineFigures | None = None  # records kept apart (None: never any)
     # Malformed messages of the whole fleet (no run is theirs), by queue and reason.
     parked_messages: list[ParkedCount] = msgspec.field(default_factory=list)
+    output: str = ""  # the run's output, as pinned

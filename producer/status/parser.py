@@ -14,6 +14,7 @@ LISTED_KINDS = ("rejected", "dead")
 DEFAULT_PORT = 9108
 DEFAULT_ADDRESS = "127.0.0.1"  # unauthenticated: bind wider (--address 0.0.0.0) only on a private network
 DEFAULT_PARKED_LISTED = 20
+DEFAULT_WAIT_INTERVAL_S = 5.0
 
 
 def _register_metrics(commands: Any) -> None:
@@ -58,6 +59,29 @@ def _register_parked(commands: Any) -> None:
     parked.set_defaults(handler=Deferred("producer.status.parked", "cmd_parked"))
 
 
+def _register_wait_and_runs(commands: Any) -> None:
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a run ends; exit 0 finished, 3 finished with dead letters, 4 paused by the quality "
+        "gate, 5 paused otherwise, 124 --timeout passed",
+    )
+    wait.add_argument("--run", required=True)
+    wait.add_argument(
+        "--timeout", type=float, metavar="SECONDS", help="give up after SECONDS (exit 124; default: never)"
+    )
+    wait.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_WAIT_INTERVAL_S,
+        metavar="SECONDS",
+        help=f"look every SECONDS (default {DEFAULT_WAIT_INTERVAL_S:.0f})",
+    )
+    wait.set_defaults(handler=Deferred("producer.status.wait", "cmd_wait"))
+    runs = commands.add_parser("runs", help="list every run Redis knows, with its state, progress and output")
+    runs.add_argument("--json", action="store_true", help="one JSON list, an object per run")
+    runs.set_defaults(handler=Deferred("producer.status.runs", "cmd_runs"))
+
+
 def register(commands: Any) -> None:
     """Add `status`, `pause`, `resume` and `metrics` to the `python -m producer` sub-commands."""
     _register_metrics(commands)
@@ -93,3 +117,4 @@ def register(commands: Any) -> None:
     resume_parser.set_defaults(handler=Deferred("producer.status.command", "cmd_resume"))
     _register_rejects(commands)
     _register_parked(commands)
+    _register_wait_and_runs(commands)

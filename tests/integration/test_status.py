@@ -25,6 +25,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.exit_codes import EXIT_OK, EXIT_PAUSED_BY_GATE
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
 from inference.simulator import RequestRecord, SimulatorSettings, predict_outcome
 from producer.cli import main as producer_main
@@ -43,6 +44,8 @@ from workers.state.runs import decode_run_settings
 pytestmark = pytest.mark.integration
 
 SPEEDUP = 15.0
+WAIT_TIMEOUT_S = 10.0  # `wait` on a run already ended answers at its first look
+WAIT_INTERVAL_S = 0.5
 GPUS = 2
 STEADY_PROMPTS = 450  # about 17 s of generation on two simulated GPUs at this speedup
 STEADY_BATCH_SIZE = 16
@@ -442,6 +445,9 @@ def test_the_gate_pauses_a_run_that_truncates_most_outputs_and_status_says_why(
     assert status.quality.rates["truncated_in_thinking"] > status.gate.max_truncated_rate
     _, text = producer(stack, "status", "--run", run)
     assert "PAUSED by quality-gate" in text and "hit max_tokens" in text
+    code, waited = producer(stack, "wait", "--run", run, "--timeout", str(WAIT_TIMEOUT_S))
+    assert code == EXIT_PAUSED_BY_GATE, waited
+    assert f"run {run} paused:" in waited  # its status line; the verdict goes to stderr
 
 
 def test_the_retry_policy_gives_prompts_truncated_in_thinking_a_doubled_budget(
@@ -491,7 +497,14 @@ def test_a_resumed_run_completes_with_every_prompt_generated_once_and_verify_pas
     stack: Stack, paused_then_resumed_run: PausedRun
 ) -> None:
     run = paused_then_resumed_run.run
-    stack.wait_finished(run, timeout_s=RESUME_TIMEOUT_S)
+    code, waited = producer(
+        stack, "wait", "--run", run, "--timeout", str(RESUME_TIMEOUT_S), "--interval", "0.5"
+    )
+    assert code == EXIT_OK, waited
+    assert waited.endswith(f"run {run} finished: all {PAUSE_PROMPTS} prompts committed\n")
+    _, listed = producer(stack, "runs")
+    line = next(line for line in listed.splitlines() if line.startswith(f"{run} "))
+    assert line.split()[1:4] == ["finished", f"{PAUSE_PROMPTS}/{PAUSE_PROMPTS}", "100.0%"], listed
     code, verified = producer(stack, "verify", "--run", run)
     assert code == 0, verified
     answered = Counter(r.rid.split(":")[1] for r in server_requests(stack, run) if r.status == "ok")

@@ -651,6 +651,30 @@ LISTINGS = [
         redis="closed",
     ),
     Case("rejects-unknown-run", ("rejects", "--run", RUN), EXIT_USAGE, ("no run named 'r'",), no_state),
+    Case(
+        "wait-unknown-run-answered-with-the-known-runs",
+        ("wait", "--run", "pined"),
+        EXIT_USAGE,
+        ("no run named 'pined' in Redis: Redis knows pinned", "`python -m producer runs` lists them"),
+        pinned_unchanged,
+        setup=pinned_run,
+    ),
+    Case(
+        "status-unknown-run-in-an-empty-redis",
+        ("status", "--run", RUN),
+        EXIT_USAGE,
+        ("Redis knows no run yet; start one with `python -m producer enqueue DATA --run r`",),
+        no_state,
+    ),
+    Case("runs-in-an-empty-redis", ("runs",), EXIT_OK, ("Redis knows no run yet",), no_state),
+    Case(
+        "runs-lists-each-run-with-its-state-and-output",
+        ("runs",),
+        EXIT_OK,
+        ("RUN ", "pinned  waiting for the first completion  0/3 0.0%", "/pinned-out\n"),
+        pinned_unchanged,
+        setup=pinned_run,
+    ),
 ]
 
 CASES = [
