@@ -65,6 +65,9 @@ class Prompt(Record, frozen=True, omit_defaults=True):
     known_answer_chars: int = 0
     """The length of the dataset's own answers to the turns asked (0: it gives none): a hint of how long
     the work takes, for its order only (producer/enqueue/work_order.py)."""
+    columns: dict[str, Any] = {}
+    """The row's columns the run keeps (`--keep-columns`), by name, as JSON types them; they reach the
+    completion as they are (core/kept_columns.py)."""
 
     def place(self) -> str:
         return row_place(self.row, self.file)
@@ -187,6 +190,7 @@ class Completion(Record, frozen=True):
     response_token_ids: list[TokenId] | None = None
     earlier_turns: list[Turn] = []
     conversation_turns: int = 1
+    columns: dict[str, Any] = {}  # the prompt's kept columns; in Parquet, a struct of the run's types
 
     @property
     def generated_turns(self) -> int:

@@ -75,7 +75,7 @@ class SourceRow:
 class ColumnSelection:
     """Which columns to read from columnar files (Parquet, Arrow), and which make a file usable."""
 
-    wanted: Sequence[str]  # read these when present, skip every other column
+    wanted: Sequence[str] | None  # read these when present, skip every other column; None: read all
     need_one_of: Sequence[str]  # a file with none of these is unusable: SourceError
 
 
@@ -340,4 +340,6 @@ def _columns_to_read(schema: pa.Schema, columns: ColumnSelection | None, file_na
             f"{file_name}: has none of the columns {', '.join(columns.need_one_of)} "
             f"(its columns: {', '.join(present) or 'none'})"
         )
+    if columns.wanted is None:
+        return present
     return [column for column in columns.wanted if column in present]

@@ -6,7 +6,7 @@ By default a row is read as the common dataset layouts name things (intake/rows.
 question`, `--messages-field dialog`, `--system-field instruction`, `--id-field uid`): a mapped prompt or
 messages field replaces every default one, so no other column is read as the prompt by surprise. A list
 of turns in a shape of its own names its keys and role names (`--turn-keys speaker,text --roles
-human=user,bot=assistant`).
+human=user,bot=assistant`). The columns a run keeps beside each completion (`--keep-columns`) are read too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from core.run_settings.model import RunSettings
+from core.run_settings.model import KEEP_ALL_COLUMNS, RunSettings
 from intake.prompt_ids import ID_FIELDS
 
 MESSAGES_FIELD, CONVERSATIONS_FIELD, PROMPT_FIELD, SYSTEM_FIELD = (
@@ -36,6 +36,7 @@ class RowFields:
     ids: tuple[str, ...] = ID_FIELDS
     turn_keys: tuple[str, str] | None = None  # a turn's role key and text key; None: either usual shape
     roles: Mapping[str, str] | None = None  # the dataset's own role names -> system, user or assistant
+    keep: tuple[str, ...] = ()  # the columns kept beside each completion; (KEEP_ALL_COLUMNS,): all unread
 
     @classmethod
     def mapped(
@@ -47,6 +48,7 @@ class RowFields:
         id_field: str | None = None,
         turn_keys: tuple[str, str] | None = None,
         roles: Mapping[str, str] | None = None,
+        keep: tuple[str, ...] | None = None,
     ) -> RowFields:
         """The default layout with the fields a run named in place of the defaults."""
         default = cls()
@@ -58,6 +60,7 @@ class RowFields:
             ids=(id_field,) if id_field else default.ids,
             turn_keys=turn_keys,
             roles=roles,
+            keep=keep or (),
         )
 
     @classmethod
@@ -70,6 +73,7 @@ class RowFields:
             id_field=settings.id_field,
             turn_keys=settings.turn_keys,
             roles=settings.roles,
+            keep=settings.keep_columns,
         )
 
     @property
@@ -78,9 +82,24 @@ class RowFields:
         return (*self.turns, *self.prompt)
 
     @property
-    def wanted(self) -> tuple[str, ...]:
-        """Every field a row is read from (the columns to read of a Parquet or Arrow file)."""
+    def read(self) -> tuple[str, ...]:
+        """Every field the prompt and its id are read from."""
         return (*self.format_fields, self.system, *self.ids)
+
+    @property
+    def keeps_all(self) -> bool:
+        return self.keep == (KEEP_ALL_COLUMNS,)
+
+    @property
+    def wanted(self) -> tuple[str, ...] | None:
+        """The columns to read of a Parquet or Arrow file: those read and those kept; None for all."""
+        return None if self.keeps_all else (*self.read, *self.keep)
+
+    def kept_columns(self, row: Mapping[str, object]) -> dict[str, object]:
+        """The row's columns the run keeps (an absent one left out: it is null where it is kept)."""
+        if self.keeps_all:
+            return {name: value for name, value in row.items() if name not in self.read}
+        return {name: row[name] for name in self.keep if name in row}
 
     def describe_format(self) -> str:
         """`messages, conversations or prompt`: the fields, as a sentence names them."""

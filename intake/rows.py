@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import msgspec
 
 from core.records import Message, Prompt, Turns
 from intake.limits import MAX_CONTENT_PARTS, MAX_TURNS
@@ -98,9 +101,17 @@ def parse_row(
             raise _Rejection("id: holds a NUL character (\\u0000)")
     except (_Rejection, InvalidId) as rejection:
         return RejectedRow(row=row, reason=str(rejection), file=file)
+    columns = _kept_values(raw, fields, row=row, file=file) if fields.keep else {}
+    if isinstance(columns, RejectedRow):
+        return columns
     if turns is Turns.LAST:
         return Prompt(
-            id=prompt_id, messages=messages, row=row, file=file, known_answer_chars=last_answer_chars
+            id=prompt_id,
+            messages=messages,
+            row=row,
+            file=file,
+            known_answer_chars=last_answer_chars,
+            columns=columns,
         )
     kept, turn_ends = turn_by_turn(messages)
     earlier_answer_chars = sum(len(m.content) for m in messages if m.role == ASSISTANT)
@@ -111,7 +122,21 @@ def parse_row(
         file=file,
         turn_ends=turn_ends,
         known_answer_chars=earlier_answer_chars + last_answer_chars,
+        columns=columns,
     )
+
+
+def _kept_values(
+    raw: Mapping[str, object], fields: RowFields, *, row: int, file: str
+) -> dict[str, Any] | RejectedRow:
+    """The kept columns' values as JSON types them (a Parquet date as its ISO-8601 text)."""
+    try:
+        values: dict[str, Any] = msgspec.to_builtins(fields.kept_columns(raw))
+    except TypeError as error:
+        return RejectedRow(
+            row=row, reason=f"a kept column holds a value JSON cannot hold: {error}", file=file
+        )
+    return values
 
 
 def turn_by_turn(messages: Sequence[Message]) -> tuple[list[Message], list[int]]:

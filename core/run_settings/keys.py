@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from core.run_settings.model import RunSettings
+from core.kept_columns import COLUMN_KINDS
+from core.run_settings.model import KEEP_ALL_COLUMNS, RunSettings
 
 TOP_K_OFF = -1  # SGLang's "no top-k" (the OpenAI default); 0 and anything below -1 are refused
 MAX_TOKENS_LIMIT = 1 << 20  # tokens: above the context window of any model served today
@@ -101,6 +102,61 @@ def _role_names(value: dict[str, str] | None) -> str | None:
             return f"role name {name!r}: {problem.replace('column name', 'role name')}"
         if role not in CHAT_ROLES:
             return f"{name}={role}: a role name stands for one of {', '.join(CHAT_ROLES)}"
+    return None
+
+
+# The keys an export's row holds of its own (producer/export/formats.py): a kept column, written beside
+# them in every row, may not take one of these names.
+EXPORT_ROW_KEYS = ("id", "conversations", "messages", "run", "part", "input_ids", "loss_mask", "metadata")
+# SpecForge hands every column of a row but `conversations` and `id` to the chat template as a variable
+# (producer/export/formats.py): a kept column of one of these names would change what the template renders.
+CHAT_TEMPLATE_VARIABLES = (
+    "tools",
+    "documents",
+    "enable_thinking",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template",
+    "tokenize",
+    "system_prompt",
+    "date_string",
+    "bos_token",
+    "eos_token",
+)
+
+
+def _reserved_column_problem(name: str) -> str | None:
+    if name in EXPORT_ROW_KEYS:
+        return f"column {name!r} would clash with the {name!r} of every exported row: keep another"
+    if name in CHAT_TEMPLATE_VARIABLES:
+        return f"column {name!r} would reach SpecForge's chat template as its {name!r}: keep another"
+    return None
+
+
+def _kept_column_names(value: tuple[str, ...] | None) -> str | None:
+    if value is None:
+        return None
+    if not value:
+        return f"must name at least one column, or {KEEP_ALL_COLUMNS!r} for all"
+    if KEEP_ALL_COLUMNS in value:
+        return None if len(value) == 1 else f"{KEEP_ALL_COLUMNS!r} keeps every column: name it alone"
+    for name in value:
+        if (problem := _column_name(name)) is not None:
+            return f"column {name!r}: {problem}"
+        if (problem := _reserved_column_problem(name)) is not None:
+            return problem
+    return "names a column twice" if len(set(value)) < len(value) else None
+
+
+def column_types_problem(types: dict[str, str] | None) -> str | None:
+    """Why pinned column types cannot be a run's (they are never stated, only read back)."""
+    for name, kind in (types or {}).items():
+        if (problem := _column_name(name)) is not None:
+            return f"column {name!r}: {problem}"
+        if (problem := _reserved_column_problem(name)) is not None:
+            return problem
+        if kind not in COLUMN_KINDS:
+            return f"column {name!r}: {kind!r} is not one of {', '.join(COLUMN_KINDS)}"
     return None
 
 
@@ -193,10 +249,19 @@ RUN_KEYS: tuple[SettingKey, ...] = (
     SettingKey("id_field", ("id_field",), "--id-field", _column_name),
     SettingKey("turn_keys", ("turn_keys",), "--turn-keys", _turn_keys),
     SettingKey("roles", ("roles",), "--roles", _role_names),
+    SettingKey("keep_columns", ("keep_columns",), "--keep-columns", _kept_column_names),
 )
 KEYS: dict[str, SettingKey] = {key.name: key for key in (*SAMPLING_KEYS, *RUN_KEYS)}
 SAMPLING_NAMES = tuple(key.name for key in SAMPLING_KEYS)
-COLUMN_NAMES = ("prompt_field", "messages_field", "system_field", "id_field", "turn_keys", "roles")
+COLUMN_NAMES = (
+    "prompt_field",
+    "messages_field",
+    "system_field",
+    "id_field",
+    "turn_keys",
+    "roles",
+    "keep_columns",
+)
 
 
 def value_problem(key: SettingKey, value: Any) -> str | None:
@@ -220,4 +285,6 @@ def settings_problems(settings: RunSettings) -> list[str]:
             value = value.get(part) if isinstance(value, dict) else None
         if (problem := value_problem(key, value)) is not None:
             problems.append(f"{key.name} {value!r}: {problem}")
+    if (problem := column_types_problem(settings.column_types)) is not None:
+        problems.append(f"column_types: {problem}")
     return problems

@@ -54,9 +54,14 @@ class RunSettings(Record, frozen=True):
     # or ShareGPT {from, value}, with their usual role names): pinned for the same reason.
     turn_keys: tuple[str, str] | None = None
     roles: dict[str, str] | None = None
+    # The input columns each completion keeps (KEEP_ALL_COLUMNS: all but the ones read as the prompt and
+    # its id), and their types, pinned from the first rows of the first enqueue (core/kept_columns.py).
+    keep_columns: tuple[str, ...] | None = None
+    column_types: dict[str, str] | None = None
 
 
 NEW_RUN_TURNS = Turns.ALL
+KEEP_ALL_COLUMNS = "*"  # `--keep-columns '*'`: every column but the ones the prompt and its id are read from
 
 
 def new_run_settings(run: str, output: str) -> RunSettings:

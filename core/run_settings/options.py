@@ -12,7 +12,13 @@ from typing import Any
 
 from core.records import Turns
 from core.run_settings.keys import COLUMN_NAMES, KEYS, SAMPLING_NAMES
-from core.run_settings.model import DEFAULT_BATCH_SIZE, DEFAULT_OUTPUT_ROOT, QualityGate, TruncationPolicy
+from core.run_settings.model import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_OUTPUT_ROOT,
+    KEEP_ALL_COLUMNS,
+    QualityGate,
+    TruncationPolicy,
+)
 
 GATE = QualityGate()
 LIST_SEPARATOR = ","
@@ -129,6 +135,14 @@ def add_column_options(parser: argparse.ArgumentParser) -> None:
         type=roles_option,
         help="your role names, e.g. human=user,bot=assistant (each stands for system, user or assistant)",
     )
+    _add(
+        columns,
+        "keep_columns",
+        metavar="NAME,...",
+        type=kept_columns_option,
+        help="columns each completion keeps as they are (its Parquet `columns`, every export's rows), e.g. "
+        f"lang,source; {KEEP_ALL_COLUMNS!r} keeps every column but the prompt's and the id's",
+    )
 
 
 def turn_keys_option(text: str) -> list[str]:
@@ -137,6 +151,14 @@ def turn_keys_option(text: str) -> list[str]:
     if len(keys) != len(("role", "text")) or not all(keys):
         raise argparse.ArgumentTypeError(f"{text!r}: must be ROLE_KEY,TEXT_KEY (e.g. speaker,text)")
     return keys
+
+
+def kept_columns_option(text: str) -> list[str]:
+    """`lang,source` -> the column names; `*` alone keeps every column."""
+    names = [name.strip() for name in text.split(LIST_SEPARATOR)]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be NAME,NAME,... (e.g. lang,source) or '*'")
+    return names
 
 
 def roles_option(text: str) -> dict[str, str]:

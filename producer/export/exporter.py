@@ -250,7 +250,7 @@ def write_shards(
                 progress.advance(kept)
                 continue
             assert entry.key is not None
-            source = RowSource(run=settings.run, part=entry.key)
+            source = RowSource(run=settings.run, part=entry.key, column_types=output.settings.column_types)
             for completion in output.completions(entry):
                 if settings.selection.drop_reason(completion) is not None:
                     continue

@@ -19,7 +19,8 @@ Formats (facts from the `specforge` 0.2.0 and `speculators` 0.9.0 wheels, paths 
   column to `tokenizer.apply_chat_template` as a keyword, i.e. a Jinja variable
   (`data/preprocessing.py` 258-294, `data/parse.py` 243, 483-490): `run` and `part` are inert for
   the Qwen templates, which is why nothing bigger rides along (and SpecForge's gpt-oss parser takes
-  no extra keywords at all, `data/parse.py` 387-394).
+  no extra keywords at all, `data/parse.py` 387-394). A run's kept input columns ride along the same
+  way in every format; a name a chat template reads is refused at enqueue (core/run_settings/keys.py).
 - `sharegpt`: `{"id", "conversations": [{"from", "value"}], "run", "part"}` with `from` one of
   system/human/gpt. With `ThinkingStyle.separate` the reasoning sits in `reasoning_content` beside
   `value`: ShareGPT has no thinking field of its own, and that is the key both trainers' ShareGPT
@@ -66,12 +67,13 @@ floats, and the two numbers that may be unknown are written with a sentinel inst
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from core.kept_columns import input_values
 from core.records import Completion, Quality
 from inference.quality import FINISH_LENGTH
 from intake.rows import ASSISTANT, SYSTEM, USER
@@ -123,6 +125,7 @@ class RowSource:
 
     run: str
     part: str  # object key of the Parquet part holding the completion
+    column_types: Mapping[str, str] | None = None  # the run's kept columns, written in each of its rows
 
 
 @dataclass(frozen=True)
@@ -149,12 +152,18 @@ def render(
     if fmt is ExportFormat.SPECULATORS:
         turns = turn_completions(completion)
         if len(turns) == 1:
-            return [_speculators_row(completion, completion.prompt_id, source)]
-        return [
-            _speculators_row(turn, f"{completion.prompt_id}/turn-{number}", source, number=number)
-            for number, turn in enumerate(turns, start=1)
-        ]
-    return [_conversation_row(completion, fmt, source=source, thinking=ThinkingStyle(thinking))]
+            rows = [_speculators_row(completion, completion.prompt_id, source)]
+        else:
+            rows = [
+                _speculators_row(turn, f"{completion.prompt_id}/turn-{number}", source, number=number)
+                for number, turn in enumerate(turns, start=1)
+            ]
+    else:
+        rows = [_conversation_row(completion, fmt, source=source, thinking=ThinkingStyle(thinking))]
+    if not source.column_types:
+        return rows
+    kept = input_values(completion.columns, source.column_types)
+    return [{**row, **kept} for row in rows]
 
 
 def _conversation_row(

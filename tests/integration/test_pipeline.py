@@ -15,6 +15,7 @@ from typing import Any
 import boto3
 import datasets as hf_datasets
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -310,3 +311,31 @@ def test_a_run_commits_to_s3_over_http_and_datasets_and_pandas_read_it(
     )
     assert dataset.num_rows == 120
     assert set(dataset.column_names) >= {"prompt_id", "messages", "reasoning_content", "content", "quality"}
+
+
+def test_a_parquet_files_own_columns_are_kept_typed_through_the_fleet_into_parquet_and_the_export(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Given the user's Parquet file: the prompt in `instruction`, and columns of their own
+    rows = [
+        {"uid": i, "instruction": f"question kept-{i}", "lang": "en" if i % 2 else "fr", "score": i / 4}
+        for i in range(40)
+    ]
+    data = tmp_path / "mine.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    run = "e2e-kept-columns"
+    stack.enqueue(
+        data, run, "--output", str(tmp_path / "out"), "--prompt-field", "instruction", "--id-field", "uid",
+        "--keep-columns", "*",
+    )  # fmt: skip
+    stack.wait_finished(run)
+    # Then every committed row holds them, typed as the input had them, in one struct column
+    committed = {row["prompt_id"]: row["columns"] for row in stack.committed_rows(run)}
+    assert committed == {str(row["uid"]): {"lang": row["lang"], "score": row["score"]} for row in rows}
+    table = pq.read_table(tmp_path / "out" / "data")
+    assert table.schema.field("columns").type == pa.struct([("lang", pa.string()), ("score", pa.float64())])
+    # And the export's rows carry them beside the conversation, and datasets reads them
+    exported = stack.producer("export", "--run", run, "--format", "specforge", "--to", str(tmp_path / "sf"))
+    assert exported.returncode == 0, exported.stderr
+    loaded = hf_datasets.load_dataset("json", data_dir=str(tmp_path / "sf" / "data"), split="train")
+    assert loaded.num_rows == len(rows) and loaded.filter(lambda row: row["lang"] == "en").num_rows == 20

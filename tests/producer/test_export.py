@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets as hf_datasets
+import msgspec
 import pytest
 
 from core.records import Quality
@@ -70,6 +71,27 @@ def test_every_format_exports_every_ok_row_once_with_redis_gone(
     assert len(list((dest / "data").glob("train-*-of-00005.jsonl"))) == 5  # 30 rows, 7 a shard
     loaded = hf_datasets.load_dataset("json", data_files=str(dest / "data" / "train-*.jsonl"), split="train")
     assert loaded.num_rows == 30
+
+
+KEPT_TYPES = {"lang": "string", "score": "float", "tags": "json"}
+
+
+@pytest.mark.parametrize("fmt", [f.value for f in ExportFormat])
+def test_every_format_carries_the_runs_kept_columns_in_every_row_as_the_input_typed_them(
+    tmp_path: Path, fmt: str
+) -> None:
+    kept = [
+        {"lang": "en", "score": 0.5, "tags": '["a", "b"]'},  # a JSON column holds the value's JSON text
+        {"lang": None, "score": 2.0, "tags": None},
+    ]
+    rows = [msgspec.structs.replace(completion(f"p{i}"), columns=columns) for i, columns in enumerate(kept)]
+    output = write_run_output(tmp_path / "run", RUN, [rows], column_types=KEPT_TYPES)
+    dest = tmp_path / fmt
+    assert export(output, dest, fmt) == 0
+    exported = {(row["lang"], row["score"], json.dumps(row["tags"])) for row in rows_in(dest)}
+    assert exported == {("en", 0.5, '["a", "b"]'), (None, 2.0, "null")}
+    loaded = hf_datasets.load_dataset("json", data_files=str(dest / "data" / "train-*.jsonl"), split="train")
+    assert set(loaded["lang"]) == {"en", None} and set(loaded["score"]) == {0.5, 2.0}
 
 
 def test_speculators_rows_carry_the_servers_ids_with_the_response_as_loss(

@@ -110,6 +110,20 @@ INPUT_FILES: dict[str, list[object]] = {
         }
         for i in range(DATA_ROWS)
     ],
+    "with-columns.jsonl": [  # columns to keep beside the prompt, the first rows disagreeing on one
+        {"id": "q0", "prompt": "question 0", "lang": "en", "source": "web", "score": 1},
+        {"id": "q1", "prompt": "question 1", "lang": "fr", "score": 0.5, "tags": ["a", "b"]},
+        {"id": "q2", "prompt": "question 2", "lang": 3, "source": "book"},
+    ],
+    "first-columns.jsonl": [
+        {"id": f"q{i}", "prompt": f"question {i}", "lang": "en", "source": "web"} for i in range(DATA_ROWS)
+    ],
+    "later-columns.jsonl": [  # a later input of a run that keeps `lang` as a string
+        {"id": "q3", "prompt": "question 3", "lang": "de"},
+        {"id": "q4", "prompt": "question 4", "lang": 4},
+        {"id": "q5", "prompt": "question 5", "lang": "it", "new": 1},
+    ],
+    "with-metadata.jsonl": [{"id": "q0", "prompt": "question 0", "metadata": {"a": 1}}],
 }
 TEXT_FILES = {
     "empty.jsonl": "",
@@ -184,6 +198,12 @@ def foreign_run_output(world: World) -> None:
     output = (world.tmp / "pinned-out").as_uri()
     foreign = RunSettings(run="foreign", sampling=SamplingSettings(), output=output)
     (world.tmp / "pinned-out" / "run.json").write_bytes(encode_run_settings(foreign))
+
+
+def pinned_run_keeping_lang(world: World) -> None:
+    """The pinned run keeps every column: `lang` and `source`, strings in its first rows."""
+    enqueue_for_setup(world, "first-columns.jsonl", PINNED, "--keep-columns", "*")
+    snapshot(world)
 
 
 def pinned_run_in_default_output(world: World) -> None:
@@ -279,6 +299,19 @@ def run_json_in(folder: str, *, run: str = RUN) -> Check:
         settings = decode_run_settings((world.tmp / folder / "run.json").read_bytes())
         assert settings.run == run
         assert settings.output == (world.tmp / folder).as_uri()
+
+    return check
+
+
+def kept_column_types(types: dict[str, str], *, run: str = RUN) -> Check:
+    """The run pinned these kept columns' types, in Redis and in its run.json alike."""
+
+    def check(world: World) -> None:
+        pinned = decode_run_settings(world.client.get(RunKeys(run).settings) or b"")
+        assert pinned.column_types == types
+        stored = decode_run_settings((world.tmp / "out" / "run.json").read_bytes())
+        assert stored.column_types == types
+        assert list(stored.column_types or {}) == list(types)  # in the order the rows gave them
 
     return check
 

@@ -116,14 +116,29 @@ def conversation(prompt_id: str, *, turns: int = 3, thinking_words: int = 20) ->
     )
 
 
-def write_run_output(folder: Path, run: str, parts: list[list[Completion]], *, thinking: bool = True) -> str:
-    """The folder's file:// URL, holding `run.json`, the server's facts and one committed part per list."""
+def write_run_output(
+    folder: Path,
+    run: str,
+    parts: list[list[Completion]],
+    *,
+    thinking: bool = True,
+    column_types: dict[str, str] | None = None,
+) -> str:
+    """The folder's file:// URL, holding `run.json`, the server's facts and one committed part per list
+    (the completions' kept columns of `column_types`)."""
     store = FolderStore(folder)
     sampling = SamplingSettings(model="Qwen/Qwen3.6-27B", enable_thinking=thinking)
-    store.put("run.json", encode_run_settings(RunSettings(run=run, sampling=sampling, output=store.url)))
+    settings = RunSettings(
+        run=run,
+        sampling=sampling,
+        output=store.url,
+        keep_columns=tuple(column_types) if column_types else None,
+        column_types=column_types,
+    )
+    store.put("run.json", encode_run_settings(settings))
     store.put(server_key(SERVER_ID), encode_facts(FACTS))
     for part, completions in enumerate(parts):
-        data = completions_to_parquet(completions)
+        data = completions_to_parquet(completions, column_types)
         checksum = hashlib.sha256(data).hexdigest()
         store.put(data_key(part, checksum), data)
         entry = ManifestEntry(

@@ -154,3 +154,16 @@ def test_status_names_the_quarantine_and_what_the_operator_must_do() -> None:
     assert "re-run `enqueue` with the same data" in line
     assert quarantine_warning(None, remaining=0, open_batches=0) is None
     assert "re-run" not in (quarantine_warning(figures, remaining=1, open_batches=1) or "")
+
+
+def test_a_staged_record_with_kept_columns_parquet_cannot_write_is_quarantined_not_wedging_its_part() -> None:
+    types = {"lang": "string"}
+    fits = msgspec.structs.replace(completion("p1"), columns={"lang": "en"})
+    wrong = msgspec.structs.replace(completion("p1"), columns={"lang": 3})
+    unkept = msgspec.structs.replace(completion("p1"), columns={"other": "x"})
+
+    assert judge_staged("p1", encode_blob(fits), RUNS, types).record == fits
+    for record, detail in ((wrong, "column 'lang' holds an integer"), (unkept, "holds column 'other'")):
+        checked = judge_staged("p1", encode_blob(record), RUNS, types)
+        assert checked.record is None and checked.quarantined is not None
+        assert checked.quarantined.reason == "unreadable" and detail in checked.quarantined.detail

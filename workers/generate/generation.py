@@ -176,6 +176,7 @@ def build_completion(
             thinking_enabled=sampling.enable_thinking,
         ),
         budget_retries=budget_retries,
+        columns=prompt.columns,
     )
 
 

@@ -8,6 +8,8 @@ Arrow field is; a str enum is a string; an int is int64 unless its declared boun
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import msgspec
 import msgspec.inspect as mi
 import pyarrow as pa
@@ -20,12 +22,15 @@ class NoArrowType(TypeError):
     """A record field of a type the output has no column type for: a programming error, caught by tests."""
 
 
-def arrow_schema(record: type[msgspec.Struct]) -> pa.Schema:
-    """The Arrow schema of a record type, one column per field, in the record's order."""
+def arrow_schema(record: type[msgspec.Struct], *, leave_out: Collection[str] = ()) -> pa.Schema:
+    """The Arrow schema of a record type, one column per field, in the record's order (but the fields
+    `leave_out` names: a field of its own schema, like the kept columns of a run)."""
     info = mi.type_info(record)
     if not isinstance(info, mi.StructType):
         raise NoArrowType(f"{record.__name__} is not a record")
-    return pa.schema([(field.encode_name, arrow_type(field.type)) for field in info.fields])
+    return pa.schema(
+        [(field.encode_name, arrow_type(field.type)) for field in info.fields if field.name not in leave_out]
+    )
 
 
 def arrow_type(info: mi.Type) -> pa.DataType:

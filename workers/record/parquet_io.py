@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.kept_columns import KIND_BOOLEAN, KIND_FLOAT, KIND_INTEGER, KIND_JSON, KIND_STRING
 from core.records import Completion
 from workers.record.arrow_schema import arrow_schema
 
@@ -21,11 +22,31 @@ PARQUET_USE_THREADS = False
 # arrow_schema.py). A conversation regenerated turn by turn has its turns before the last in
 # `earlier_turns` (the row's own fields are the last turn's); token ids are int32, null when the server
 # gave none.
-COMPLETION_SCHEMA = arrow_schema(Completion)
+# A run's kept input columns are one struct column, `columns`, of the types pinned with the run
+# (core/kept_columns.py); a run that keeps none has no such column.
+KEPT_COLUMNS_FIELD = "columns"
+COMPLETION_SCHEMA = arrow_schema(Completion, leave_out=(KEPT_COLUMNS_FIELD,))
+KIND_ARROW_TYPES = {
+    KIND_STRING: pa.string(),
+    KIND_INTEGER: pa.int64(),
+    KIND_FLOAT: pa.float64(),
+    KIND_BOOLEAN: pa.bool_(),
+    KIND_JSON: pa.string(),  # the value's JSON text
+}
 
 
-def completions_to_parquet(completions: list[Completion]) -> bytes:
-    return records_to_parquet(completions, COMPLETION_SCHEMA)
+def completion_schema(column_types: Mapping[str, str] | None) -> pa.Schema:
+    """The Parquet columns of a run's completions: the record's, and its kept columns' struct."""
+    if not column_types:
+        return COMPLETION_SCHEMA
+    kept = pa.struct([(name, KIND_ARROW_TYPES[kind]) for name, kind in column_types.items()])
+    return COMPLETION_SCHEMA.append(pa.field(KEPT_COLUMNS_FIELD, kept))
+
+
+def completions_to_parquet(
+    completions: list[Completion], column_types: Mapping[str, str] | None = None
+) -> bytes:
+    return records_to_parquet(completions, completion_schema(column_types))
 
 
 def records_to_parquet(records: Sequence[msgspec.Struct], schema: pa.Schema) -> bytes:

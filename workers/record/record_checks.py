@@ -12,12 +12,13 @@ quarantined (workers/state/quarantine.py) with the first reason that applies, in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import redis
 
+from core.kept_columns import columns_problem
 from core.records import Completion, DeadLetter
 from workers.errors import RecordUnreadable
 from workers.state.codec import OVER_LIMIT, decode_json, inflate
@@ -109,8 +110,11 @@ def named(members: Sequence[bytes], kind: QuarantineKind) -> tuple[list[str], li
     return ids, unnamed
 
 
-def judge_staged(field: str, blob: bytes | None, view: RunView) -> Checked[Completion]:
-    """A staged completion held against its field and the run."""
+def judge_staged(
+    field: str, blob: bytes | None, view: RunView, column_types: Mapping[str, str] | None = None
+) -> Checked[Completion]:
+    """A staged completion held against its field and the run (its kept columns against the run's
+    `column_types`)."""
 
     def kept_apart(reason: str, detail: str) -> Checked[Completion]:
         entry = quarantined(
@@ -127,6 +131,8 @@ def judge_staged(field: str, blob: bytes | None, view: RunView) -> Checked[Compl
         entry = unreadable(QuarantineKind.STAGED, field, blob, error, inflated_limit_bytes=RECORD_LIMIT_BYTES)
         spent = RECORD_LIMIT_BYTES if error.reason == OVER_LIMIT else len(blob)  # at most, to refuse it
         return Checked(field, None, entry, view.accepted, inflated_bytes=spent)
+    if (problem := columns_problem(completion.columns, column_types)) is not None:
+        return kept_apart(QuarantineReason.UNREADABLE, f"not a completion of this run: it {problem}")
     refusal = _refusal(field, completion.prompt_id, view, completion_of_dead=True)
     if refusal is not None:
         return kept_apart(*refusal)

@@ -127,13 +127,14 @@ class Uploader:
         if not self.client.set(ledger.keys.upload_lock, token, nx=True, px=lock_ms):
             raise RetryLater(f"another flush of run {run!r} is running", delay_s=LOCK_BUSY_RETRY_S)
         try:
-            body_limit_bytes = batch_body_limit_bytes(load_run_settings(self.client, run).batch_size)
-            while (selection := self._due(ledger)) is not None:
+            run_settings = load_run_settings(self.client, run)
+            body_limit_bytes = batch_body_limit_bytes(run_settings.batch_size)
+            while (selection := self._due(ledger, run_settings.column_types)) is not None:
                 if not self._scripts.extend_lock(keys=[ledger.keys.upload_lock], args=[token, lock_ms]):
                     raise UploadLockLost(f"upload lock of {run!r} expired", delay_s=LOCK_BUSY_RETRY_S)
                 self._quarantine(ledger, store, token, selection.quarantined, report)
                 if selection.committable:
-                    self._commit_part(ledger, store, token, selection, report)
+                    self._commit_part(ledger, store, token, selection, report, run_settings.column_types)
                     report.finished_bodies_forgotten += self._forget_finished(
                         ledger, store, token, body_limit_bytes
                     )
@@ -145,7 +146,7 @@ class Uploader:
             self._scripts.release_lock(keys=[ledger.keys.upload_lock], args=[token])
         return report
 
-    def _due(self, ledger: RunLedger) -> Selection | None:
+    def _due(self, ledger: RunLedger, column_types: dict[str, str] | None) -> Selection | None:
         """The next part if one is due: full by count or bytes, its oldest record old, or the run drained;
         each record judged (those not to be trusted are the selection's `quarantined`)."""
         keys = ledger.keys
@@ -167,12 +168,14 @@ class Uploader:
             return None
         staged_ids, unnamed = named([member for member, _score in oldest], QuarantineKind.STAGED)
         dead_ids, unnamed_dead = named([member for member, _score in oldest_dead], QuarantineKind.DEAD_LETTER)
-        completions, suspects = self._completions(ledger, staged_ids)
+        completions, suspects = self._completions(ledger, staged_ids, column_types)
         letters, bad_letters = self._dead_letters(ledger, dead_ids)
         selection = Selection(completions, letters, [*unnamed, *suspects, *unnamed_dead, *bad_letters])
         return selection if selection.committable or selection.quarantined else None
 
-    def _completions(self, ledger: RunLedger, ids: list[str]) -> tuple[list[Completion], Suspects]:
+    def _completions(
+        self, ledger: RunLedger, ids: list[str], column_types: dict[str, str] | None
+    ) -> tuple[list[Completion], Suspects]:
         """The oldest staged completions that fit the byte budget, stored and inflated (at least one),
         and the records met on the way that are not to be trusted."""
         chosen: list[Completion] = []
@@ -181,7 +184,7 @@ class Uploader:
         for prompt_id, blob, view in self._with_views(ledger, ledger.keys.staged, ids):
             if chosen and blob is not None and stored + len(blob) > self.settings.max_bytes:
                 break
-            checked = judge_staged(prompt_id, blob, view)
+            checked = judge_staged(prompt_id, blob, view, column_types)
             if checked.record is None:  # what refusing it inflated counts too: a part of bombs stays short
                 suspects.append(checked)
                 inflated += checked.inflated_bytes
@@ -299,7 +302,13 @@ class Uploader:
         return counts.staged == 0 and counts.dead_pending == 0
 
     def _commit_part(
-        self, ledger: RunLedger, store: ObjectStore, token: str, selection: Selection, report: FlushReport
+        self,
+        ledger: RunLedger,
+        store: ObjectStore,
+        token: str,
+        selection: Selection,
+        report: FlushReport,
+        column_types: dict[str, str] | None,
     ) -> None:
         run = ledger.keys.run
         part = int(self.client.get(ledger.keys.next_part) or 0)
@@ -315,7 +324,7 @@ class Uploader:
         if selection.completions:
             completions = selection.completions
             self._write_server_facts(store, completions)
-            data = completions_to_parquet(completions)
+            data = completions_to_parquet(completions, column_types)
             checksum = hashlib.sha256(data).hexdigest()
             store.put(data_key(part, checksum), data)
             entry = msgspec.structs.replace(
