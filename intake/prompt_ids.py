@@ -31,6 +31,7 @@ from core.records import Message
 ID_FIELDS = ("id", "custom_id", "uuid")
 HASHED_ID_PREFIX = "h-"
 HASHED_ID_HEX_CHARS = 32  # 128 bits: no collision in any realistic dataset
+HEX_DIGITS = frozenset("0123456789abcdef")
 MAX_ID_CHARS = 256  # ids are Redis set members and S3 record fields; a huge one is a broken row
 
 
@@ -56,6 +57,16 @@ def explicit_id(row: Mapping[str, object], fields: Iterable[str] = ID_FIELDS) ->
             raise InvalidId(f"{field}: is {len(value)} characters long, more than {MAX_ID_CHARS}")
         return value
     return None
+
+
+def is_hashed_id(prompt_id: str) -> bool:
+    """Whether an id has the form of a hashed one (a row's own id of that form is not to be expected)."""
+    digest = prompt_id.removeprefix(HASHED_ID_PREFIX)
+    return (
+        len(prompt_id) == len(HASHED_ID_PREFIX) + HASHED_ID_HEX_CHARS
+        and prompt_id.startswith(HASHED_ID_PREFIX)
+        and all(char in HEX_DIGITS for char in digest)
+    )
 
 
 def hashed_id(messages: Sequence[Message]) -> str:

@@ -21,6 +21,7 @@ from intake.limits import ReadLimits, row_limit_bytes
 from intake.rejected import RejectedRow
 from intake.row_fields import RowFields
 from producer.enqueue.enqueuer import Enqueuer, EnqueueReport, check_same_settings, pin_settings
+from producer.enqueue.id_sources import IdSources
 from producer.enqueue.kept_columns import with_kept_columns
 from producer.errors import (
     OutputError,
@@ -192,6 +193,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     rows = ProgressLines(f"read rows of {args.data}").counted(prompts)
     items = _with_first_prompt(rows, args.data)  # a missing, empty or all-rejected input fails here
     items, given, kept_columns = with_kept_columns(items, given)
+    id_sources = IdSources()
+    items = id_sources.counted(items)
     items, parts = parts_for(items, args.processes)
     store = checked_output_store(given.output)
     _write_output_settings(store, given)
@@ -217,6 +220,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     _warn_when_most_rows_rejected(report, run)
     if kept_columns is not None and (unkept := kept_columns.unkept_warning()):
         print(f"warning: {unkept}", file=sys.stderr)
+    if ids_warning := id_sources.warning():
+        print(f"warning: {ids_warning}", file=sys.stderr)
     if report.interrupted:
         print(
             "interrupted: the counts above were enqueued whole (stored, claimed and published); "

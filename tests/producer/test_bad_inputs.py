@@ -856,3 +856,60 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
         for prompt in decode_blob(world.client.get(key), PromptBatch, limit_bytes=RECORD_LIMIT_BYTES).prompts
     )
     assert batched == Counter(str(row["id"]) for row in rows(ALL_ROWS))  # each in one batch
+
+
+def enqueue_folder(world: World, folder: Path) -> list[str]:
+    return [
+        "--redis-url",
+        world.redis_url,
+        "enqueue",
+        str(folder),
+        "--run",
+        RUN,
+        "--output",
+        str(world.tmp / "out"),
+    ]
+
+
+def test_a_folder_file_without_the_id_column_among_files_with_it_is_warned_about_by_name(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = world.tmp / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(2)))
+    (folder / "b.jsonl").write_text(json.dumps({"prompt": "a row of its own, no id"}) + "\n")
+    argv = [
+        "--redis-url",
+        world.redis_url,
+        "enqueue",
+        str(folder),
+        "--run",
+        RUN,
+        "--output",
+        str(world.tmp / "out"),
+    ]
+    assert main(argv) == EXIT_OK
+    said = capsys.readouterr().err
+    assert "warning: b.jsonl (1 rows) gave no id column while the folder's other files did" in said
+    assert "a.jsonl" not in said
+
+
+def test_a_folder_whose_files_all_lack_ids_is_not_warned_about(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = world.tmp / "hashed"
+    folder.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (folder / name).write_text(json.dumps({"prompt": f"the row of {name}"}) + "\n")
+    argv = [
+        "--redis-url",
+        world.redis_url,
+        "enqueue",
+        str(folder),
+        "--run",
+        RUN,
+        "--output",
+        str(world.tmp / "out"),
+    ]
+    assert main(argv) == EXIT_OK
+    assert "gave no id column" not in capsys.readouterr().err
