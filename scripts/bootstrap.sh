@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Shared set-up for scripts/demo and scripts/test, sourced by both: on a fresh Debian or Ubuntu
-# machine it installs redis-server, makes .venv and installs draftgen with its test extras.
+# machine it installs redis-server, makes .venv and installs draftgen, with the extras the sourcing
+# script sets in BOOTSTRAP_EXTRAS ("test" for scripts/test; none for the demo, which runs draftgen only).
 # Re-running is cheap: the install is redone only when pyproject.toml changes.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
-STAMP="$VENV/.installed-pyproject"
+EXTRAS="${BOOTSTRAP_EXTRAS:-}"
+STAMP_PREFIX="$VENV/.installed-"  # + the extras installed ("base" for none), holding that pyproject.toml
 
 need_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -38,9 +40,13 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then apt_install pytho
 if [ ! -x "$VENV/bin/python" ]; then
   "$(pick_python)" -m venv "$VENV"
 fi
-if [ ! -f "$STAMP" ] || ! cmp -s "$ROOT/pyproject.toml" "$STAMP"; then
+stamped() { [ -f "${STAMP_PREFIX}$1" ] && cmp -s "$ROOT/pyproject.toml" "${STAMP_PREFIX}$1"; }
+installed() {  # whether .venv holds this pyproject.toml's draftgen with extras $1 (the test extras hold base)
+  stamped "${1:-base}" || { [ -z "$1" ] && stamped test; }
+}
+if ! installed "$EXTRAS"; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[test]"
-  cp "$ROOT/pyproject.toml" "$STAMP"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}"
+  cp "$ROOT/pyproject.toml" "${STAMP_PREFIX}${EXTRAS:-base}"
 fi
 export PATH="$VENV/bin:$PATH"

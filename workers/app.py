@@ -7,11 +7,12 @@ process's context (`app.draftgen`), which the tasks and the bootsteps are handed
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import after_setup_logger, worker_init, worker_shutdown, worker_shutting_down
 
 from workers.bootsteps.consumer_watch_step import ConsumerWatchStep
 from workers.bootsteps.heartbeat_step import HeartbeatStep
@@ -22,6 +23,7 @@ from workers.broker.broker import broker_config, new_app
 from workers.context import ContextHolder, WorkerContext
 from workers.control_commands import limit_remote_control
 from workers.flower_guard import install_flower_guard
+from workers.log_lines import one_line_for_recoverable_errors
 from workers.settings import WorkerSettings
 from workers.state.dispatch import CeleryDispatcher
 from workers.state.queues import GENERATE_QUEUE
@@ -72,6 +74,10 @@ def make_app(
         if GENERATE_QUEUE in sender.app.amqp.queues.consume_from:
             seat_generate_worker(contexts.get(), CeleryDispatcher(app))
 
+    def one_line_logs(logger: logging.Logger, **_: object) -> None:
+        one_line_for_recoverable_errors(logger)
+
+    after_setup_logger.connect(one_line_logs, weak=False)  # a Redis restart: a line per event, no traceback
     worker_init.connect(guard_remote_control, weak=False)  # in a worker process, before it consumes
     worker_init.connect(take_gpu_seat, weak=False)
     worker_shutting_down.connect(begin_shutdown, weak=False)

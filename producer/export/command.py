@@ -173,7 +173,7 @@ def cmd_export(args: argparse.Namespace, settings: ProducerSettings) -> int:
     if reason is not None:
         print(f"\nexported despite the loss-token check (--force): {reason}")
     written = sum(shard.bytes for shard in record.shards)
-    print(f"\n{record.plan.rows:,} rows in {len(record.shards)} shards, {written:,} bytes")
+    print(f"\n{record.rows_described()} in {len(record.shards)} shards, {written:,} bytes")
     print(f"dataset card        {dest.url}/README.md")
     print(f"record              {dest.url}/export.json")
     return EXIT_OK

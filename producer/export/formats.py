@@ -30,9 +30,15 @@ Formats (facts from the `specforge` 0.2.0 and `speculators` 0.9.0 wheels, paths 
   "part"}`; `reasoning_content` is SGLang's and the Qwen chat templates' name.
 
 Conversations regenerated turn by turn (`--turns all`, the default). Every assistant turn is the
-target's, with its reasoning: `specforge`, `sharegpt` and `messages` emit the whole conversation in
-one row, `reasoning_content` on every assistant turn (or `<think>` inlined on each with `--thinking
-tags`). `speculators` emits one row per generated turn, `id` `<prompt id>/turn-<j>`, each with the exact
+target's, with its reasoning: `sharegpt` and `messages` emit the whole conversation in one row,
+`reasoning_content` on every assistant turn (or `<think>` inlined on each with `--thinking tags`).
+`specforge` emits one row per generated turn, `id` `<prompt id>/turn-<j>`, the conversation up to that
+turn: SpecForge re-renders a row with its chat template, and the Qwen3 templates drop the thinking of
+every turn before the last user turn, so a whole-conversation row would train the last turn's thinking
+only (and, with `qwen3-thinking` and `train_only_last_turn: false`, earlier answers without theirs);
+each per-turn row ends with its turn and that turn's reasoning, the earlier turns as the server was
+given them, so `train_only_last_turn: true` trains every turn once, with its thinking.
+`speculators` emits one row per generated turn, `id` `<prompt id>/turn-<j>`, each with the exact
 ids of that turn's own request and loss 1 over that turn's generated ids: the turns' ids do not
 concatenate into one sequence, because a later request holds the earlier answers without their
 thinking (the Qwen3 templates drop it, so the server's prompt ids of turn j+1 are not turn j's prompt
@@ -150,14 +156,16 @@ def render(
     """
     fmt = ExportFormat(fmt)
     if fmt is ExportFormat.SPECULATORS:
-        turns = turn_completions(completion)
-        if len(turns) == 1:
-            rows = [_speculators_row(completion, completion.prompt_id, source)]
-        else:
-            rows = [
-                _speculators_row(turn, f"{completion.prompt_id}/turn-{number}", source, number=number)
-                for number, turn in enumerate(turns, start=1)
-            ]
+        rows = _rows_per_turn(
+            completion, lambda turn, row_id, number: _speculators_row(turn, row_id, source, number=number)
+        )
+    elif fmt is ExportFormat.SPECFORGE:
+        rows = _rows_per_turn(
+            completion,
+            lambda turn, row_id, _: _text_row(
+                turn, "conversations", _role_turns(turn, ThinkingStyle.SEPARATE), source, row_id
+            ),
+        )
     else:
         rows = [_conversation_row(completion, fmt, source=source, thinking=ThinkingStyle(thinking))]
     if not source.column_types:
@@ -166,12 +174,21 @@ def render(
     return [{**row, **kept} for row in rows]
 
 
+def _rows_per_turn(completion: Completion, row_of: Callable[[Completion, str, int], Row]) -> list[Row]:
+    """One row per generated turn, each the completion of that turn's own request: a one-request
+    completion's row has its prompt id (turn 0), a conversation's `<prompt id>/turn-<j>` (turn j)."""
+    turns = turn_completions(completion)
+    if len(turns) == 1:
+        return [row_of(completion, completion.prompt_id, 0)]
+    return [
+        row_of(turn, f"{completion.prompt_id}/turn-{number}", number)
+        for number, turn in enumerate(turns, start=1)
+    ]
+
+
 def _conversation_row(
     completion: Completion, fmt: ExportFormat, *, source: RowSource, thinking: ThinkingStyle
 ) -> Row:
-    if fmt is ExportFormat.SPECFORGE:
-        turns = _role_turns(completion, ThinkingStyle.SEPARATE)
-        return _text_row(completion, "conversations", turns, source)
     if fmt is ExportFormat.MESSAGES:
         return _text_row(completion, "messages", _role_turns(completion, thinking), source)
     return _text_row(completion, "conversations", _sharegpt_turns(completion, thinking), source)
@@ -321,8 +338,10 @@ def _metadata(completion: Completion, source: RowSource) -> Row:
     }
 
 
-def _text_row(completion: Completion, field: str, turns: list[Row], source: RowSource) -> Row:
-    return {"id": completion.prompt_id, field: turns, "run": source.run, "part": source.part}
+def _text_row(
+    completion: Completion, field: str, turns: list[Row], source: RowSource, row_id: str | None = None
+) -> Row:
+    return {"id": row_id or completion.prompt_id, field: turns, "run": source.run, "part": source.part}
 
 
 def _reply(completion: Completion, thinking: ThinkingStyle) -> tuple[str, str]:

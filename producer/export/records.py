@@ -20,7 +20,7 @@ class ExportPlan(Record, frozen=True):
     shard_rows: int
     compression: str
     tokenizer: str | None
-    rows: int
+    rows: int  # completions exported: a conversation's per-turn rows (speculators, specforge) count once
     shards: int
     draftgen_version: str
 
@@ -39,3 +39,16 @@ class ExportRecord(Record, frozen=True):
     tokens: dict[str, int]  # totals over the exported rows: prompt, response, reasoning
     loss_tokens: dict[str, object]
     forced: bool
+
+    @property
+    def written_rows(self) -> int:
+        """The JSONL rows the shards hold (a conversation exported a row per turn counts each)."""
+        return sum(shard.rows for shard in self.shards)
+
+    def rows_described(self) -> str:
+        """`466 rows (from 220 completions)`, or `220 rows` when each completion is one row."""
+        written, completions = self.written_rows, self.plan.rows
+        rows = f"{written:,} rows"
+        return (
+            rows if written == completions else f"{rows} (from {completions:,} completions, a row per turn)"
+        )

@@ -11,7 +11,7 @@ import datasets as hf_datasets
 import msgspec
 import pytest
 
-from core.records import Quality
+from core.records import Completion, Message, Quality
 from producer.cli import main
 from producer.export.exporter import ExportSettings, run_export, scan_output
 from producer.export.formats import ExportFormat
@@ -260,3 +260,27 @@ def test_an_export_to_s3_lands_whole_with_its_card_and_record(
     assert len(shards) == 5
     body = s3_client.get_object(Bucket=bucket, Key=shards[0])["Body"].read()
     assert len(gzip.decompress(body).splitlines()) == SHARD_ROWS
+
+
+def conversation(prompt_id: str) -> Completion:
+    """A conversation of two turns regenerated turn by turn."""
+    last = completion(prompt_id)
+    history = [*last.messages, Message(role="assistant", content="an earlier answer"), last.messages[-1]]
+    earlier = completion(f"{prompt_id}-t1").as_turn()
+    return msgspec.structs.replace(last, messages=history, earlier_turns=[earlier], conversation_turns=2)
+
+
+@pytest.mark.parametrize("fmt", ["specforge", "speculators"])
+def test_a_row_per_turn_export_counts_its_rows_where_it_prints_and_titles_them(
+    tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = write_run_output(
+        tmp_path / "run", RUN, [[conversation(f"c{i}") for i in range(3)], [completion("one")]]
+    )
+    dest = tmp_path / fmt
+    assert export(output, dest, fmt) == 0
+    assert len(rows_in(dest)) == 7
+    assert "\n7 rows (from 4 completions, a row per turn) in 1 shards" in capsys.readouterr().out
+    card = (dest / "README.md").read_text()
+    assert f"# {RUN}: 7 rows for drafter training ({fmt})" in card
+    assert "exported here as 7 rows (from 4 completions, a row per turn)" in card

@@ -149,11 +149,30 @@ def regenerated_conversation(prompt_id: str = "c-1") -> Completion:
     return msgspec.structs.replace(last, earlier_turns=[earlier], conversation_turns=2)
 
 
-def test_a_regenerated_conversation_is_one_row_with_reasoning_on_every_assistant_turn() -> None:
-    [row] = render(regenerated_conversation(), ExportFormat.SPECFORGE, source=SOURCE)
-    turns = row["conversations"]
-    assert [turn["role"] for turn in turns] == ["system", "user", "assistant", "user", "assistant"]
-    assert [turn["reasoning_content"] for turn in turns] == [
+def test_a_regenerated_conversation_is_a_specforge_row_per_turn_each_ending_with_its_reasoning() -> None:
+    # so that `train_only_last_turn: true` trains every generated turn with its thinking, as SpecForge's
+    # own expansion of reasoning conversations does: its template drops the thinking of earlier turns
+    first, second = render(regenerated_conversation("c-3"), ExportFormat.SPECFORGE, source=SOURCE)
+    assert (first["id"], second["id"]) == ("c-3/turn-1", "c-3/turn-2")
+    assert [(turn["role"], turn["reasoning_content"]) for turn in first["conversations"]] == [
+        ("system", None),
+        ("user", None),
+        ("assistant", "\nA greeting.\n"),
+    ]
+    assert [
+        (turn["role"], turn["content"], turn["reasoning_content"]) for turn in second["conversations"]
+    ] == [
+        ("system", "You are terse.", None),
+        ("user", "hi", None),
+        ("assistant", "Hello.", ""),  # the answer the server was given back, without its thinking
+        ("user", "what is 6*7?", None),
+        ("assistant", "\n\nThe answer is 42.", "\nLet me think.\n"),
+    ]
+
+
+def test_messages_keep_a_regenerated_conversation_in_one_row_with_reasoning_on_every_turn() -> None:
+    [row] = render(regenerated_conversation(), ExportFormat.MESSAGES, source=SOURCE)
+    assert [turn.get("reasoning_content") for turn in row["messages"]] == [
         None,
         None,
         "\nA greeting.\n",
