@@ -81,7 +81,9 @@ class ServeSettings:
 
     def __post_init__(self) -> None:
         if not self.model_path:
-            raise OptionError("--model-path is required (a folder with config.json and the shards)")
+            raise OptionError(
+                "--model-path is required (a folder with config.json and the shards), or DRAFTGEN_MODEL_PATH"
+            )
         if ":" in self.served_model_name or not self.served_model_name:
             raise OptionError(
                 f"--served-model-name {self.served_model_name!r} must be non-empty and contain no ':' "

@@ -1,4 +1,6 @@
-"""`scripts/respawn` starts a command again when it exits with 75, and passes every other end on."""
+"""`scripts/respawn` starts a command again whenever it ends without being asked to (killed, crashed, or
+exiting 75), at once when it asked, after a growing delay when it keeps dying; a clean exit, a usage
+error and a signal to the wrapper end it."""
 
 from __future__ import annotations
 
@@ -34,9 +36,35 @@ def test_a_command_that_asks_to_be_restarted_is_started_again_until_it_ends_for_
     assert result.stderr.count("starting it again") == 2
 
 
-def test_any_other_exit_code_ends_the_wrapper_with_it() -> None:
-    result = subprocess.run([RESPAWN, sys.executable, "-c", "raise SystemExit(3)"], timeout=TIMEOUT_S)
-    assert result.returncode == 3
+def ends_with_until_the_last_start(counter: Path, codes: list[int]) -> list[str]:
+    """A command whose n-th start ends with codes[n-1] (a negative code: killed by that signal)."""
+    script = (
+        "import os, pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text()) + 1 if p.exists() "
+        "else 1; p.write_text(str(n)); code = int(sys.argv[1 + n]); "
+        "os.kill(os.getpid(), -code) if code < 0 else sys.exit(code)"
+    )
+    return [sys.executable, "-c", script, str(counter), *map(str, codes)]
+
+
+def test_a_killed_or_crashed_command_is_started_again_after_a_delay_that_grows(tmp_path: Path) -> None:
+    counter = tmp_path / "starts"
+    result = subprocess.run(
+        [RESPAWN, *ends_with_until_the_last_start(counter, [-signal.SIGKILL, 1, 0])],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 0
+    assert counter.read_text() == "3"
+    assert "was killed by signal 9; starting it again in 1 s" in result.stderr
+    assert "exited with 1; starting it again in 2 s" in result.stderr
+
+
+def test_a_clean_exit_or_a_usage_error_ends_the_wrapper_with_its_code() -> None:
+    for code in (0, 2):
+        command = [RESPAWN, sys.executable, "-c", f"raise SystemExit({code})"]
+        result = subprocess.run(command, timeout=TIMEOUT_S)
+        assert result.returncode == code
 
 
 def test_sigterm_reaches_the_command_and_ends_the_loop_even_when_the_command_answers_75() -> None:
