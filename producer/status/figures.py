@@ -15,6 +15,7 @@ from producer.status.model import (
     Eta,
     GateFigures,
     GpuRow,
+    HeldWork,
     Progress,
     QualityFigures,
     QueueDepth,
@@ -49,6 +50,7 @@ STATE_PAUSED = "paused"
 STATE_UPLOADING = "generated; uploading the rest"
 STATE_DRAINING = "generated; closing its last batches"
 STATE_FINISHED = "finished"
+UNKNOWN_HOLDER = "(holder unreadable)"  # a lease whose holder record does not decode
 
 
 @dataclass(frozen=True)
@@ -186,8 +188,10 @@ def gpu_rows(
     known_gpus: Iterable[str],
     *,
     now_s: float,
+    lives: Mapping[str, str] | None = None,
 ) -> list[GpuRow]:
-    """A row per GPU that served the run recently or has a live heartbeat, sorted by label."""
+    """A row per GPU that served the run recently, holds its batches, or has a live heartbeat, sorted by
+    label; `lives` says whether each one's worker process lives."""
     tokens: Counter[str] = Counter()
     completions: Counter[str] = Counter()
     for event in window_events:
@@ -208,9 +212,34 @@ def gpu_rows(
                 server_health=beat.server_health if beat else None,
                 suspended=beat.suspended if beat else None,
                 heartbeat_age_s=max(0.0, now_s - beat.updated_at) if beat else None,
+                life=(lives or {}).get(worker, ""),
             )
         )
     return rows
+
+
+def held_work(
+    leases: Sequence[tuple[str, float]],
+    holders: Mapping[str, str],
+    lives: Mapping[str, str],
+    *,
+    reconcile_interval_s: float,
+) -> list[HeldWork]:
+    """The run's leased batches by the GPU holding them: `leases` (batch id, expiry), `holders` (batch
+    id -> GPU label), `lives` (GPU label -> its worker's life)."""
+    by_worker: dict[str, list[float]] = {}
+    for batch_id, expires_at in leases:
+        by_worker.setdefault(holders.get(batch_id, UNKNOWN_HOLDER), []).append(expires_at)
+    return [
+        HeldWork(
+            worker=worker,
+            life=lives.get(worker, ""),
+            batches=len(expiries),
+            leases_end_at=max(expiries),
+            back_by=max(expiries) + reconcile_interval_s,
+        )
+        for worker, expiries in sorted(by_worker.items())
+    ]
 
 
 def split_unacked(values: Iterable[bytes]) -> Counter[str]:
@@ -275,10 +304,14 @@ def run_state(progress: Progress, *, completions: int, paused: bool) -> str:
     return STATE_RUNNING if completions > 0 or progress.committed or progress.dead_lettered else STATE_WAITING
 
 
-def stranded_warning(progress: Progress, queues: Sequence[QueueDepth], *, paused: bool) -> str | None:
-    """Prompts left to generate while no generate message exists anywhere: their messages are gone."""
+def stranded_warning(
+    progress: Progress, queues: Sequence[QueueDepth], *, paused: bool, held_batches: int = 0
+) -> str | None:
+    """Prompts left to generate while no generate message exists anywhere and no worker, live or dead,
+    holds a batch of the run under a lease (a held batch comes back when its lease runs out): their
+    messages are gone."""
     generate = [queue for queue in queues if queue.queue == GENERATE_QUEUE]
-    if paused or progress.remaining <= 0 or any(queue.waiting or queue.in_flight for queue in generate):
+    if paused or progress.remaining <= 0 or held_batches or any(q.waiting or q.in_flight for q in generate):
         return None
     return (
         f"{progress.remaining:,} prompts are still to generate, but no generate message is waiting or in "

@@ -17,6 +17,7 @@ from producer.status.figures import (
     events_in_window,
     gate_figures,
     gpu_rows,
+    held_work,
     make_progress,
     parse_events,
     quality_figures,
@@ -35,6 +36,9 @@ from producer.status.quarantine_figures import quarantine_warning, read_quaranti
 from workers.broker.kombu_layout import waiting_messages
 from workers.broker.parked_messages import parked_counts
 from workers.record.manifest import decode_entry
+from workers.recovery.leases import decode_holder
+from workers.recovery.reconciler import DEFAULT_RECONCILE_INTERVAL_S
+from workers.recovery.seat_view import seat_subscribers, worker_life
 from workers.state.control import pause_state
 from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
@@ -66,6 +70,21 @@ def queue_depths(client: redis.Redis) -> list[QueueDepth]:
         QueueDepth(queue=queue, waiting=waiting_messages(client, queue), in_flight=in_flight.get(queue, 0))
         for queue in QUEUES
     ]
+
+
+def read_leases(client: redis.Redis, keys: RunKeys) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """The run's leases (batch id, expiry on the Redis clock) and each batch's holder's GPU label."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zrange(keys.leases, 0, -1, withscores=True)
+        pipe.hgetall(keys.lease_owners)
+        raw_leases, raw_owners = pipe.execute()
+    leases = [(member.decode(errors="replace"), float(expiry)) for member, expiry in raw_leases]
+    holders = {
+        batch.decode(errors="replace"): holder.worker
+        for batch, raw in raw_owners.items()
+        if (holder := decode_holder(raw)) is not None
+    }
+    return leases, holders
 
 
 def gather_status(
@@ -126,10 +145,20 @@ def gather_status(
     elapsed = max(0.0, ended - started) if started is not None else 0.0
     eta = estimate_eta(progress.remaining, last_minute, now_s=now, paused=paused is not None)
     heartbeats = read_heartbeats(client)
-    gpus = gpu_rows(window_events, window, heartbeats, {event.gpu for event in recent_events}, now_s=now)
+    leases, holders = read_leases(client, keys)
+    ages = {beat.worker: max(0.0, now - beat.updated_at) for beat in heartbeats}
+    known = {event.gpu for event in recent_events} | set(holders.values())
+    lives = {
+        worker: worker_life(seat_subscribers(client, worker), ages.get(worker)).value
+        for worker in known | set(ages)
+    }
+    gpus = gpu_rows(window_events, window, heartbeats, known, now_s=now, lives=lives)
+    held = held_work(leases, holders, lives, reconcile_interval_s=DEFAULT_RECONCILE_INTERVAL_S)
     entries = [decode_entry(raw) for raw in manifest]
     queues = queue_depths(client)
-    stranded = stranded_warning(progress, queues, paused=paused is not None)
+    stranded = stranded_warning(
+        progress, queues, paused=paused is not None, held_batches=sum(work.batches for work in held)
+    )
     quarantine = read_quarantine(client, run)
     quarantined = quarantine_warning(
         quarantine, remaining=progress.remaining, open_batches=progress.open_batches
@@ -183,4 +212,5 @@ def gather_status(
         quarantine=quarantine,
         parked_messages=parked,
         output=settings.output,
+        held=held,
     )

@@ -66,6 +66,17 @@ class GpuRow(Record, frozen=True):
     server_health: int | None  # HTTP status of /health
     suspended: bool | None
     heartbeat_age_s: float | None
+    life: str = ""  # its worker process: alive, reconnecting, dead (workers/recovery/seat_view.py)
+
+
+class HeldWork(Record, frozen=True):
+    """The run's batches one GPU's worker holds under leases, and when they come back if it is gone."""
+
+    worker: str  # the GPU label of the holder
+    life: str  # its worker process: alive, reconnecting, dead
+    batches: int
+    leases_end_at: float  # Redis clock: the last of its leases runs out then, unless renewed
+    back_by: float  # at the latest the reconciler sends them again (leases_end_at + one interval)
 
 
 class QueueDepth(Record, frozen=True):
@@ -128,3 +139,4 @@ class RunStatus(Record, frozen=True):
     # Malformed messages of the whole fleet (no run is theirs), by queue and reason.
     parked_messages: list[ParkedCount] = msgspec.field(default_factory=list)
     output: str = ""  # the run's output, as pinned
+    held: list[HeldWork] = msgspec.field(default_factory=list)  # by GPU

@@ -10,7 +10,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from producer.status.model import GpuRow, Rates, RunStatus
+from producer.status.model import GpuRow, HeldWork, Rates, RunStatus
+from workers.recovery.seat_view import WorkerLife
 
 PROGRESS_BAR_WIDTH = 40
 SECONDS_PER_MINUTE = 60
@@ -158,9 +159,46 @@ def _gpus(status: RunStatus) -> RenderableType:
             Text("yes", style="bold red")
             if row.suspended
             else ("no" if row.suspended is not None else ABSENT),
-            f"{duration(row.heartbeat_age_s)} ago" if row.heartbeat_age_s is not None else "none",
+            _heartbeat(row),
         )
     return table
+
+
+def _heartbeat(row: GpuRow) -> RenderableType:
+    """The heartbeat's age, or what its worker's seat says when the worker is not alive."""
+    if row.life == WorkerLife.DEAD:
+        return Text("DEAD", style="bold red")
+    if row.life == WorkerLife.RECONNECTING:
+        return Text("reconnecting", style="yellow")
+    return f"{duration(row.heartbeat_age_s)} ago" if row.heartbeat_age_s is not None else "none"
+
+
+def held_line(work: HeldWork, now_s: float) -> str:
+    """Where one GPU's held batches stand, and for a worker that is gone, how and when they come back."""
+    batches = f"{work.batches:,} {'batch' if work.batches == 1 else 'batches'}"
+    back = f"by {clock(work.back_by)} (in {duration(max(0.0, work.back_by - now_s))})"
+    if work.life == WorkerLife.DEAD:
+        return (
+            f"{work.worker}: {batches} held by a dead worker, not lost: taken back at once by a worker that "
+            f"starts on {work.worker}, else {back}, when their leases run out and the reconciler sends them "
+            "to the other GPUs"
+        )
+    if work.life == WorkerLife.RECONNECTING:
+        return (
+            f"{work.worker}: {batches}, kept while its worker reconnects to Redis; back {back} if it does not"
+        )
+    return f"{work.worker}: {batches} being generated"
+
+
+def _held(status: RunStatus) -> RenderableType:
+    if not status.held:
+        return Text("no batch of this run is being generated")
+    return Group(
+        *(
+            Text(held_line(work, status.now), style="bold yellow" if work.life == WorkerLife.DEAD else "")
+            for work in status.held
+        )
+    )
 
 
 def _queues_and_upload(status: RunStatus) -> RenderableType:
@@ -245,6 +283,8 @@ def render_status(status: RunStatus) -> RenderableType:
         _eta_and_cost(status),
         _section("GPUs (this run's tokens/s over the last minute; the rest from worker heartbeats)"),
         _gpus(status),
+        _section("Batches held (under a lease, by the GPU generating them)"),
+        _held(status),
         _section("Queues"),
         _queues_and_upload(status),
         _section("Dead letters"),
@@ -264,4 +304,9 @@ def status_line(status: RunStatus) -> str:
         f"staged {progress.staged:,}, dead {progress.dead_lettered:,}, "
         f"{_rate(last_minute, last_minute.completions_per_s * SECONDS_PER_MINUTE, 0)} completions/min, "
         f"{_rate(last_minute, last_minute.output_tokens_per_s, 0)} tokens/s, ETA {eta}"
+        + "".join(
+            f"; {work.batches} batches held by dead {work.worker}, back by {clock(work.back_by)}"
+            for work in status.held
+            if work.life == WorkerLife.DEAD
+        )
     )

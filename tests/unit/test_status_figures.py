@@ -27,6 +27,7 @@ from producer.status.figures import (
     estimate_cost,
     estimate_eta,
     gpu_rows,
+    held_work,
     make_progress,
     parse_events,
     quality_figures,
@@ -45,8 +46,9 @@ from producer.status.model import (
     RunStatus,
 )
 from producer.status.parser import PRICE_ENV
-from producer.status.view import duration, render_status, size
+from producer.status.view import duration, held_line, render_status, size
 from tests.support.status_samples import START_S, heartbeat, paused_young_status
+from workers.recovery.seat_view import WorkerLife, worker_life
 from workers.state.heartbeats import decode_heartbeat, encode_heartbeat
 from workers.state.stats_fields import parse_counters
 
@@ -300,3 +302,35 @@ def test_every_gpu_column_title_fits_an_80_column_terminal() -> None:
     header = next(line for line in text.splitlines() if line.lstrip().startswith("GPU "))
     for title in ("tokens/s", "in flight", "/health", "heartbeat"):
         assert title in header, header
+
+
+def test_a_worker_lives_while_its_seat_is_subscribed_or_its_heartbeat_is_fresh() -> None:
+    assert worker_life(1, None) is WorkerLife.ALIVE
+    assert worker_life(0, 3.0) is WorkerLife.RECONNECTING  # Redis restarted: subscriptions gone, beats go on
+    assert worker_life(None, 3.0) is WorkerLife.ALIVE  # a Redis user that may not ask: the heartbeat's word
+    assert worker_life(0, 30.0) is WorkerLife.DEAD
+    assert worker_life(0, None) is WorkerLife.DEAD
+    assert worker_life(None, None) is WorkerLife.DEAD
+
+
+def test_held_batches_are_counted_by_gpu_and_come_back_one_reconcile_after_their_last_lease() -> None:
+    leases = [("b1", START_S + 50), ("b2", START_S + 60), ("b3", START_S + 40)]
+    holders = {"b1": "node/gpu0", "b2": "node/gpu0", "b3": "node/gpu1"}
+    held = held_work(leases, holders, {"node/gpu0": "dead", "node/gpu1": "alive"}, reconcile_interval_s=15)
+    assert [(work.worker, work.life, work.batches, work.back_by) for work in held] == [
+        ("node/gpu0", "dead", 2, START_S + 75),
+        ("node/gpu1", "alive", 1, START_S + 55),
+    ]
+    dead = held_line(held[0], now_s=START_S + 15)
+    assert dead.startswith(
+        "node/gpu0: 2 batches held by a dead worker, not lost: taken back at once by a worker"
+    )
+    assert "(in 1 min 0 s)" in dead and "the reconciler sends them to the other GPUs" in dead
+    assert held_line(held[1], now_s=START_S) == "node/gpu1: 1 batch being generated"
+
+
+def test_prompts_held_by_a_dead_workers_leases_are_not_called_stranded() -> None:
+    progress = make_progress(enqueued=100, committed=10, staged=0, dead=0, rejected=0)
+    empty = [QueueDepth(queue="generate", waiting=0, in_flight=0)]
+    assert stranded_warning(progress, empty, paused=False) is not None
+    assert stranded_warning(progress, empty, paused=False, held_batches=3) is None
