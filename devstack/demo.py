@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import signal
 import socket
 import time
@@ -169,9 +170,10 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
     output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
         shown_url = redacted_url(redis_url)
+        options = [option for option in args.enqueue_options if option != "--"]
         console.print(
             f"\n$ python -m producer --redis-url {shown_url} enqueue {args.data} --run {run} "
-            f"--output {output}"
+            f"--output {output} {shlex.join(options)}".rstrip()
         )
         enqueue_args = [
             "--redis-url",
@@ -182,6 +184,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
             run,
             "--output",
             str(output),
+            *options,
         ]
         if producer_main(enqueue_args) != 0:
             return EXIT_FAILED
@@ -221,4 +224,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo.add_argument("--redis-port", type=int, default=DEFAULT_REDIS_PORT)
     demo.add_argument("--flower-port", type=int, default=DEFAULT_FLOWER_PORT)
     demo.add_argument("--exit", action="store_true", help="stop everything after verify instead of waiting")
+    demo.add_argument(
+        "enqueue_options",
+        nargs=argparse.REMAINDER,
+        metavar="-- ENQUEUE_OPTIONS",
+        help="after --, options of `producer enqueue` for --data: your columns and chat shape, e.g. "
+        "-- --messages-field dialog --turn-keys speaker,text --roles human=user,bot=assistant",
+    )
     demo.set_defaults(handler=cmd_demo)

@@ -38,7 +38,7 @@ from workers.broker.parked_messages import parked_counts
 from workers.record.manifest import decode_entry
 from workers.recovery.leases import decode_holder
 from workers.recovery.reconciler import DEFAULT_RECONCILE_INTERVAL_S
-from workers.recovery.seat_view import seat_subscribers, worker_life
+from workers.recovery.seat_view import read_seat, worker_life
 from workers.state.control import pause_state
 from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
@@ -149,7 +149,7 @@ def gather_status(
     ages = {beat.worker: max(0.0, now - beat.updated_at) for beat in heartbeats}
     known = {event.gpu for event in recent_events} | set(holders.values())
     lives = {
-        worker: worker_life(seat_subscribers(client, worker), ages.get(worker)).value
+        worker: worker_life(read_seat(client, worker, now_s=now), ages.get(worker)).value
         for worker in known | set(ages)
     }
     gpus = gpu_rows(window_events, window, heartbeats, known, now_s=now, lives=lives)

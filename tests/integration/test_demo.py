@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -35,19 +36,41 @@ def demo_command(tmp_path: Path, *options: str) -> list[str]:
     ]
 
 
-def test_the_local_demo_runs_the_sample_end_to_end_and_verifies(tmp_path: Path) -> None:
-    result = subprocess.run(
-        demo_command(tmp_path, "--exit"),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=DEMO_TIMEOUT_S,
-        check=False,
+def run_demo(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, check=False
     )
+
+
+def test_the_local_demo_runs_the_sample_end_to_end_and_verifies(tmp_path: Path) -> None:
+    result = run_demo(demo_command(tmp_path, "--exit"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "new                 300 prompts" in result.stdout
     assert "OK: every prompt committed exactly once or dead-lettered" in result.stdout
     assert list((tmp_path / "demo" / "output").glob("demo-*/manifest/part-*.json"))  # one output per run
+
+
+def test_the_demo_runs_a_users_own_chats_mapped_by_enqueue_options_after_a_double_dash(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "dialogs.jsonl"
+    dialog = [{"speaker": "human", "text": "hi"}, {"speaker": "bot", "text": "hello"}]
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"conv_id": f"c{i}", "dialog": [*dialog, {"speaker": "human", "text": f"question {i}"}]}
+            )
+            + "\n"
+            for i in range(20)
+        )
+    )
+    mapping = ["--messages-field", "dialog", "--id-field", "conv_id", "--turn-keys", "speaker,text"]
+    roles = ["--roles", "human=user,bot=assistant"]
+    result = run_demo([*demo_command(tmp_path, "--exit", "--data", str(data)), "--", *mapping, *roles])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--turn-keys speaker,text --roles human=user,bot=assistant" in result.stdout  # the command shown
+    assert "new                 20 prompts" in result.stdout and "rejected rows       0" in result.stdout
+    assert "OK: every prompt committed exactly once or dead-lettered" in result.stdout
 
 
 def descendants(pid: int) -> set[int]:

@@ -48,7 +48,7 @@ from producer.status.model import (
 from producer.status.parser import PRICE_ENV
 from producer.status.view import duration, held_line, render_status, size
 from tests.support.status_samples import START_S, heartbeat, paused_young_status
-from workers.recovery.seat_view import WorkerLife, worker_life
+from workers.recovery.seat_view import SeatReading, WorkerLife, worker_life
 from workers.state.heartbeats import decode_heartbeat, encode_heartbeat
 from workers.state.stats_fields import parse_counters
 
@@ -304,13 +304,17 @@ def test_every_gpu_column_title_fits_an_80_column_terminal() -> None:
         assert title in header, header
 
 
-def test_a_worker_lives_while_its_seat_is_subscribed_or_its_heartbeat_is_fresh() -> None:
-    assert worker_life(1, None) is WorkerLife.ALIVE
-    assert worker_life(0, 3.0) is WorkerLife.RECONNECTING  # Redis restarted: subscriptions gone, beats go on
-    assert worker_life(None, 3.0) is WorkerLife.ALIVE  # a Redis user that may not ask: the heartbeat's word
-    assert worker_life(0, 30.0) is WorkerLife.DEAD
-    assert worker_life(0, None) is WorkerLife.DEAD
-    assert worker_life(None, None) is WorkerLife.DEAD
+def test_a_worker_lives_while_its_seat_is_subscribed_and_is_dead_once_its_stamp_is_old() -> None:
+    def life(subscribers: int | None, stamp_age_s: float | None, heartbeat_age_s: float | None) -> WorkerLife:
+        return worker_life(SeatReading(subscribers, stamp_age_s), heartbeat_age_s)
+
+    assert life(1, 0.2, 3.0) is WorkerLife.ALIVE
+    assert life(0, 1.0, 3.0) is WorkerLife.RECONNECTING  # a Redis restart, or a kill not 5 s old
+    assert life(0, 30.0, 3.0) is WorkerLife.DEAD  # killed: no stamp for 30 s, whatever the last beat said
+    assert life(0, None, 3.0) is WorkerLife.RECONNECTING  # no stamp to read: the heartbeat's word
+    assert life(0, None, 30.0) is WorkerLife.DEAD
+    assert life(None, 30.0, 3.0) is WorkerLife.ALIVE  # a Redis user that may not ask: the heartbeat's word
+    assert life(None, None, None) is WorkerLife.DEAD
 
 
 def test_held_batches_are_counted_by_gpu_and_come_back_one_reconcile_after_their_last_lease() -> None:
