@@ -1,6 +1,7 @@
 """`status` tells the truth about work a killed worker held: its GPU's row says the worker is dead, the
 batches it held are shown as held by a dead worker with when and how they come back, never as lost, and
-a worker started again on that GPU takes them back at once."""
+a worker started again on that GPU takes them back at once. A dead server's batches do not wait for a
+lease to run out: its worker hands them back within seconds, for the other GPUs."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ PROMPTS = 600
 SPEEDUP = 10.0  # requests last seconds: the killed worker holds batches when it dies
 DEAD_SEEN_S = 30.0  # its heartbeat goes stale within two beats (10 s)
 TAKEN_BACK_S = 30.0
+SERVER_DEATH_HANDBACK_S = 20.0  # refused requests hand a batch back at once; liveness says "down" in 15 s
 
 
 @pytest.fixture
@@ -85,3 +87,27 @@ def test_a_killed_workers_batches_are_shown_held_by_a_dead_worker_and_come_back(
     )
     stack.wait_finished(RUN, timeout_s=240)
     assert stack.verify(RUN).returncode == 0
+
+
+def test_a_dead_servers_batches_go_back_within_seconds_not_after_a_lease(
+    stack: Stack, tmp_path: Path
+) -> None:
+    rows = [prompt_files.as_prompt(row) for row in prompt_files.questions(PROMPTS, "s")]
+    stack.enqueue(
+        prompt_files.write_jsonl(tmp_path / "p.jsonl", rows), RUN, "--output", str(tmp_path / "out")
+    )
+    gpu0 = next(gpu for gpu in (row["worker"] for row in status(stack)["gpus"]) if gpu.endswith("gpu0"))
+    wait_until(lambda: held_by(stack, gpu0).get("batches", 0) >= 2, timeout_s=60, what="gpu0 holding batches")
+
+    # When gpu0's server dies (its worker lives on)
+    stack.sims[0].kill()
+
+    # Then its worker hands its batches back within seconds, far within a lease (60 s), for gpu1 to take
+    wait_until(
+        lambda: not held_by(stack, gpu0), timeout_s=SERVER_DEATH_HANDBACK_S, what="gpu0's batches back"
+    )
+    wait_until(
+        lambda: held_by(stack, gpu0.replace("gpu0", "gpu1")).get("batches", 0) > 0,
+        timeout_s=SERVER_DEATH_HANDBACK_S,
+        what="gpu1 taking batches",
+    )
