@@ -66,14 +66,14 @@ class GpuRow(Record, frozen=True):
     server_health: int | None  # HTTP status of /health
     suspended: bool | None
     heartbeat_age_s: float | None
-    life: str = ""  # its worker process: alive, reconnecting, dead (workers/recovery/seat_view.py)
+    life: str = ""  # its worker process: alive, silent, dead (workers/recovery/seat_view.py)
 
 
 class HeldWork(Record, frozen=True):
     """The run's batches one GPU's worker holds under leases, and when they come back if it is gone."""
 
     worker: str  # the GPU label of the holder
-    life: str  # its worker process: alive, reconnecting, dead
+    life: str  # its worker process: alive, silent, dead
     batches: int
     leases_end_at: float  # Redis clock: the last of its leases runs out then, unless renewed
     back_by: float  # at the latest the reconciler sends them again (leases_end_at + one interval)

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from producer.status.model import GpuRow, HeldWork, Rates, RunStatus
+from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.recovery.seat_view import WorkerLife
 
 PROGRESS_BAR_WIDTH = 40
@@ -168,8 +169,8 @@ def _heartbeat(row: GpuRow) -> RenderableType:
     """The heartbeat's age, or what its worker's seat says when the worker is not alive."""
     if row.life == WorkerLife.DEAD:
         return Text("DEAD", style="bold red")
-    if row.life == WorkerLife.RECONNECTING:
-        return Text("reconnecting", style="yellow")
+    if row.life == WorkerLife.SILENT:
+        return Text("silent", style="yellow")
     return f"{duration(row.heartbeat_age_s)} ago" if row.heartbeat_age_s is not None else "none"
 
 
@@ -183,9 +184,10 @@ def held_line(work: HeldWork, now_s: float) -> str:
             f"starts on {work.worker}, else {back}, when their leases run out and the reconciler sends them "
             "to the other GPUs"
         )
-    if work.life == WorkerLife.RECONNECTING:
+    if work.life == WorkerLife.SILENT:
         return (
-            f"{work.worker}: {batches}, kept while its worker reconnects to Redis; back {back} if it does not"
+            f"{work.worker}: {batches}, its worker silent (a Redis restart, or its death: told within "
+            f"{HOLDER_GONE_AFTER_S:.0f} s); back {back} if it stays so, or at once by a worker started there"
         )
     return f"{work.worker}: {batches} being generated"
 

@@ -309,9 +309,9 @@ def test_a_worker_lives_while_its_seat_is_subscribed_and_is_dead_once_its_stamp_
         return worker_life(SeatReading(subscribers, stamp_age_s), heartbeat_age_s)
 
     assert life(1, 0.2, 3.0) is WorkerLife.ALIVE
-    assert life(0, 1.0, 3.0) is WorkerLife.RECONNECTING  # a Redis restart, or a kill not 5 s old
+    assert life(0, 1.0, 3.0) is WorkerLife.SILENT  # a Redis restart, or a kill not 5 s old
     assert life(0, 30.0, 3.0) is WorkerLife.DEAD  # killed: no stamp for 30 s, whatever the last beat said
-    assert life(0, None, 3.0) is WorkerLife.RECONNECTING  # no stamp to read: the heartbeat's word
+    assert life(0, None, 3.0) is WorkerLife.SILENT  # no stamp to read: the heartbeat's word
     assert life(0, None, 30.0) is WorkerLife.DEAD
     assert life(None, 30.0, 3.0) is WorkerLife.ALIVE  # a Redis user that may not ask: the heartbeat's word
     assert life(None, None, None) is WorkerLife.DEAD

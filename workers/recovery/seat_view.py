@@ -21,9 +21,7 @@ FRESH_HEARTBEAT_S = 2 * HEARTBEAT_INTERVAL_S  # one missed beat is noise; two ar
 
 class WorkerLife(enum.StrEnum):
     ALIVE = "alive"
-    RECONNECTING = (
-        "reconnecting"  # unsubscribed but stamped just now: a Redis restart, or a death not yet told
-    )
+    SILENT = "silent"  # unsubscribed, stamped within HOLDER_GONE_AFTER_S: a Redis restart, or a death
     DEAD = "dead"  # unsubscribed and silent past HOLDER_GONE_AFTER_S (or, unasked, no fresh heartbeat)
 
 
@@ -52,7 +50,7 @@ def worker_life(seat: SeatReading, heartbeat_age_s: float | None) -> WorkerLife:
     if seat.subscribers:
         return WorkerLife.ALIVE
     if seat.subscribers == 0 and seat.stamp_age_s is not None:
-        return WorkerLife.RECONNECTING if seat.stamp_age_s <= HOLDER_GONE_AFTER_S else WorkerLife.DEAD
+        return WorkerLife.SILENT if seat.stamp_age_s <= HOLDER_GONE_AFTER_S else WorkerLife.DEAD
     if heartbeat_age_s is not None and heartbeat_age_s <= FRESH_HEARTBEAT_S:
-        return WorkerLife.ALIVE if seat.subscribers is None else WorkerLife.RECONNECTING
+        return WorkerLife.ALIVE if seat.subscribers is None else WorkerLife.SILENT
     return WorkerLife.DEAD
