@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from core.bounded_files import read_bounded
 from core.errors import SettingsRefused
 from core.run_settings.keys import KEYS, value_problem
 from core.run_settings.model import (
@@ -31,6 +32,7 @@ from core.run_settings.model import (
 
 SECTIONS = {"sampling": "", "gate": "gate_"}  # a TOML table -> the prefix its keys take when flat
 OUTPUT_KEY = "output"
+SETTINGS_FILE_LIMIT_BYTES = 1 << 20  # a run's settings are a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,10 @@ class StatedSettings:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Flat keys, or sampling keys under `[sampling]` and gate keys under `[gate]` (without `gate_`)."""
+    data = read_bounded(path, limit_bytes=SETTINGS_FILE_LIMIT_BYTES, what="a settings file")
     try:
-        document = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        document = tomllib.loads(data.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise SettingsRefused(f"cannot read settings file {path}: {error}") from error
     flat = {key: value for key, value in document.items() if key not in SECTIONS}
     for section, prefix in SECTIONS.items():

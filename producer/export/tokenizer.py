@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from core.bounded_files import read_bounded
+from core.errors import SettingsRefused
 from producer.errors import SettingsError
+
+TOKENIZER_FILE_LIMIT_BYTES = 256 << 20  # a large vocabulary's tokenizer.json is tens of MB
 
 
 def load_token_counter(path: Path) -> Callable[[str], int]:
@@ -17,10 +21,14 @@ def load_token_counter(path: Path) -> Callable[[str], int]:
         raise SettingsError(
             "--tokenizer needs the `tokenizers` package: pip install 'draftgen[export]'"
         ) from error
-    if not path.is_file():
-        raise SettingsError(f"--tokenizer {path}: no such file (give the model's tokenizer.json)")
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        text = read_bounded(path, limit_bytes=TOKENIZER_FILE_LIMIT_BYTES, what="a tokenizer.json").decode()
+    except SettingsRefused as error:
+        raise SettingsError(f"--tokenizer: {error} (give the model's tokenizer.json)") from error
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"--tokenizer {path}: not a tokenizer.json (not UTF-8 text)") from error
+    try:
+        tokenizer = Tokenizer.from_str(text)
     except Exception as error:  # the library raises its own untyped errors for a malformed file
         raise SettingsError(
             f"--tokenizer {path}: not a tokenizer.json the tokenizers library reads: {error}"

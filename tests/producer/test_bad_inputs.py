@@ -47,6 +47,7 @@ from tests.support.bad_inputs import (
     foreign_run_output,
     kept_column_types,
     linked_folders,
+    named_pipe,
     no_state,
     nothing_pinned,
     pinned_mapped_run,
@@ -169,6 +170,11 @@ OUTPUTS = [
     refused("output-other-scheme", ("--output", "ftp://host/x"), "output must be a folder"),
     refused("output-with-a-newline", ("--output", "{tmp}/out\nrm"), "holds a control character ('\\n')"),
     refused(
+        "output-file-url-with-a-percent-encoded-newline",
+        ("--output", "file://{tmp}/out%0Arm"),
+        r"/out\nrm' holds a control character ('\n')",
+    ),
+    refused(
         "output-system-folder",
         ("--output", "/etc/draftgen"),
         "'/etc/draftgen' is under /etc, a system folder",
@@ -254,6 +260,7 @@ OUTPUTS = [
         for what, to, words in (
             ("into-the-runs-own-output", "{tmp}/pinned-out/export", ("pinned-out/export: inside the run's",)),
             ("to-dev-null", "/dev/null", ("--to: '/dev/null' is a character device, not a folder",)),
+            ("to-a-percent-encoded-newline", "file://{tmp}/x%0Ay", (r"/x\ny' holds a control character",)),
         )
     ],
     Case(
@@ -336,6 +343,16 @@ SAMPLING = [
         "config-temperature-nan", ("--config", "{tmp}/nan.toml"), "nan.toml: temperature = nan", "finite"
     ),
     refused("config-top-p-2", ("--config", "{tmp}/top-p.toml"), "top-p.toml: top_p = 2.0", "at most 1"),
+    refused("config-dev-zero", ("--config", "/dev/zero"), "a settings file /dev/zero is a character device"),
+    refused("config-a-folder", ("--config", "{tmp}"), "is a folder, not a file"),
+    refused("config-missing", ("--config", "{tmp}/nope.toml"), "cannot read a settings file", "No such file"),
+    refused("config-huge", ("--config", "{tmp}/huge.toml"), "huge.toml is over 1 MiB: not a settings file"),
+    refused(
+        "config-a-named-pipe",
+        ("--config", "{tmp}/pipe.toml"),
+        "pipe.toml is a named pipe, not a file",
+        setup=named_pipe,
+    ),
     Case(
         "pinned-run-given-nan",
         ("enqueue", DATA, "--run", PINNED, "--temperature", "nan"),

@@ -132,6 +132,7 @@ TEXT_FILES = {
     "data.csv": "id,prompt\nq0,hi\n",
     "nan.toml": "[sampling]\ntemperature = nan\n",
     "top-p.toml": "top_p = 2.0\n",
+    "huge.toml": "# " + "x" * (1 << 20) + "\n",
 }
 
 
@@ -210,6 +211,11 @@ def pinned_run_in_default_output(world: World) -> None:
     """The pinned run was enqueued without --output: its output is ./output/pinned."""
     argv = ["--redis-url", world.redis_url, "enqueue", str(world.tmp / "data.jsonl"), "--run", PINNED]
     assert main(argv) == EXIT_OK
+
+
+def named_pipe(world: World) -> None:
+    """{tmp}/pipe.toml is a FIFO nobody writes to: reading it whole would wait for ever."""
+    os.mkfifo(world.tmp / "pipe.toml")
 
 
 def linked_folders(world: World) -> None:

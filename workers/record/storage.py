@@ -44,9 +44,18 @@ class FolderStore:
         self.file_mode = DEFAULT_FILE_MODE & ~current_umask()
 
     def _path(self, key: str) -> Path:
+        """The file of `key`; UnsafeKey for a key that leaves the root, or whose way there passes a symbolic
+        link (one placed inside a run's output after enqueue would carry its parts elsewhere)."""
         if not stays_inside(key):
             raise UnsafeKey(f"object key {key!r} would name a file outside {self.root}: refused")
-        return self.root / key
+        path = self.root / key
+        for on_the_way in (*(self.root / part for part in reversed(Path(key).parents)), path):
+            if on_the_way.is_symlink():
+                raise UnsafeKey(
+                    f"{on_the_way} is a symbolic link (to {os.readlink(on_the_way)}): nothing is written or "
+                    f"read through it; remove it from the output {self.root}"
+                )
+        return path
 
     def _prefix_path(self, prefix: str) -> Path:
         return self.root if not prefix.rstrip("/") else self._path(prefix.rstrip("/"))
@@ -175,6 +184,7 @@ def normalise_output(url: str) -> str:
             )
         if not parsed.path:
             raise UnsupportedStoreUrl(f"{url!r} names no folder: use file:///absolute/path")
+        check_written_location(str(folder_of(parsed.path)))  # a %0A or a %2E%2E is checked decoded
         return folder_of(parsed.path).resolve().as_uri()
     if parsed.scheme:
         raise UnsupportedStoreUrl(f"{url!r}: output must be {OUTPUT_FORMS}")
