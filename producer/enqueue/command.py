@@ -38,9 +38,10 @@ from producer.run_access import (
 from producer.settings import OUTPUT_ENV, ProducerSettings
 from workers.broker.broker import sending_app
 from workers.errors import UnsupportedStoreUrl
+from workers.record.manifest import SETTINGS_KEY
 from workers.record.object_store import ObjectStore
 from workers.record.output_pin import overlapping_run_output, write_run_json
-from workers.record.storage import normalise_output, run_output_under
+from workers.record.storage import check_fresh_output, normalise_output, run_output_under
 from workers.settings import WorkerSettings
 from workers.state.keys import check_run_name
 from workers.state.redis_client import redis_now_s
@@ -144,11 +145,14 @@ def _check_output_apart(client: redis.Redis, given: RunSettings) -> None:
 
 
 def _validated_run(
-    settings: ProducerSettings, client: redis.Redis, run: str, stated: StatedSettings
+    settings: ProducerSettings,
+    client: redis.Redis,
+    run: str,
+    stated: StatedSettings,
+    pinned: RunSettings | None,
 ) -> RunSettings:
-    """The run's settings, stated over pinned or new, refused when they differ from the pinned ones or
+    """The run's settings, stated over `pinned` or new, refused when they differ from the pinned ones or
     when a new run's output overlaps another run's."""
-    pinned = pinned_settings(client, run)
     needs_default = pinned is None and OUTPUT_KEY not in stated.values
     new_run_output = _new_run_output(settings, run) if needs_default else ""  # unused: pinned or stated
     given = resolve(run, pinned=pinned, stated=stated, new_run_output=new_run_output)
@@ -157,6 +161,14 @@ def _validated_run(
     else:
         _check_output_apart(client, given)
     return given
+
+
+def _check_fresh_output(url: str, *, allow_location: bool) -> None:
+    """A new run's output: not a shared place unless allowed, and new, empty, or holding a run.json."""
+    try:
+        check_fresh_output(url, ours=(SETTINGS_KEY,), allow_shared=allow_location)
+    except UnsupportedStoreUrl as error:
+        raise OutputError(f"--output: {error}") from error
 
 
 def _write_output_settings(store: ObjectStore, settings: RunSettings) -> None:
@@ -181,7 +193,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     )
     check_data(args.data)  # a missing file is said before an unreachable Redis: fix both at once
     client = connect_redis(args, settings)
-    given = _validated_run(settings, client, run, stated)
+    existing = pinned_settings(client, run)  # None for a new run
+    given = _validated_run(settings, client, run, stated, existing)
     from intake.reading import iter_prompts  # pyarrow, Celery and openai only once the cheap checks passed
     from producer.enqueue.processes import enqueue_in_parts, parts_for
     from producer.enqueue.publisher import BatchPublisher
@@ -197,6 +210,8 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     items = id_sources.counted(items)
     items, parts = parts_for(items, args.processes)
     store = checked_output_store(given.output)
+    if existing is None:
+        _check_fresh_output(given.output, allow_location=args.allow_location)
     _write_output_settings(store, given)
     pinned = pin_settings(client, given)
     started_s = redis_now_s(client)  # batches dispatched before this are the ones a re-run checks

@@ -8,6 +8,7 @@ from typing import Any
 from core.run_settings.options import add_run_options
 from producer.deferred import Deferred
 from producer.settings import MAX_ENQUEUE_PROCESSES, PROCESSES_MIN_ROWS
+from workers.record.output_places import ALLOW_LOCATION_FLAG
 
 
 def _positive_int(text: str) -> int:
@@ -48,4 +49,11 @@ def register(commands: Any) -> None:
         f"the input holds over {PROCESSES_MIN_ROWS:,} rows, at most {MAX_ENQUEUE_PROCESSES}); not pinned",
     )
     add_run_options(enqueue)
+    enqueue.add_argument(
+        ALLOW_LOCATION_FLAG,
+        dest="allow_location",
+        action="store_true",
+        help="a new run's output may be under /var, /opt or /srv, in a home folder itself or a hidden "
+        "folder of one (refused by default)",
+    )
     enqueue.set_defaults(handler=Deferred("producer.enqueue.command", "cmd_enqueue"))

@@ -14,7 +14,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK
 from producer.errors import RunNotFound, SettingsError
-from producer.export.exporter import ExportRefused, ExportSettings, Scan, refusal, run_export, scan_output
+from producer.export.exporter import (
+    PLAN_KEY,
+    RECORD_KEY,
+    ExportRefused,
+    ExportSettings,
+    Scan,
+    refusal,
+    run_export,
+    scan_output,
+)
 from producer.export.formats import ExportFormat, ThinkingStyle
 from producer.export.loss_check import LossCheckSettings
 from producer.export.parser import parse_include
@@ -25,7 +34,7 @@ from producer.export.tokenizer import load_token_counter
 from producer.run_access import chosen_redis_url, pinned_settings
 from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl
-from workers.record.storage import check_output_folder, normalise_output, open_store
+from workers.record.storage import check_fresh_output, check_output_folder, normalise_output, open_store
 from workers.state.keys import check_run_name
 
 
@@ -126,7 +135,7 @@ def print_scan(scan: Scan, settings: ExportSettings) -> None:
     print(scan.loss.render_text())
 
 
-def check_export_destination(dest_url: str, source_url: str) -> None:
+def check_export_destination(dest_url: str, source_url: str, *, allow_location: bool) -> None:
     """Refuse (SettingsError) an export into the run's own output, or anywhere an output may not go: `gc`
     of the run would take the export's files for orphans and delete them."""
     source = source_url.rstrip("/")
@@ -136,6 +145,7 @@ def check_export_destination(dest_url: str, source_url: str) -> None:
         )
     try:
         check_output_folder(dest_url)
+        check_fresh_output(dest_url, ours=(RECORD_KEY, PLAN_KEY), allow_shared=allow_location)
     except UnsupportedStoreUrl as error:
         raise SettingsError(f"--to: {error}") from error
 
@@ -146,7 +156,7 @@ def cmd_export(args: argparse.Namespace, settings: ProducerSettings) -> int:
     tokenizer = load_token_counter(args.tokenizer) if args.tokenizer else None
     dest_url = normalise_output(args.to)
     source_url = _output(args, settings)
-    check_export_destination(dest_url, source_url)
+    check_export_destination(dest_url, source_url, allow_location=args.allow_location)
     dest = open_store(dest_url)
     output = RunOutput(open_store(source_url), run)
     print(f"run {run}: {output.store.url} -> {dest.url} ({export.format.value})")

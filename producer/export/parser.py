@@ -18,6 +18,7 @@ from producer.export.formats import ExportFormat, ThinkingStyle
 from producer.export.loss_check import LossCheckSettings
 from producer.export.selection import DEFAULT_INCLUDE, OverLength
 from producer.export.shards import DEFAULT_SHARD_ROWS, Compression
+from workers.record.output_places import ALLOW_LOCATION_FLAG
 
 INCLUDE_ALL = "all"
 
@@ -40,6 +41,13 @@ def register(commands: Any) -> None:
     parser.add_argument("--run", required=True, help="the run's name")
     parser.add_argument("--format", required=True, choices=[f.value for f in ExportFormat])
     parser.add_argument("--to", required=True, help="destination folder or s3://bucket/prefix")
+    parser.add_argument(
+        ALLOW_LOCATION_FLAG,
+        dest="allow_location",
+        action="store_true",
+        help="the destination may be under /var, /opt or /srv, in a home folder itself or a hidden "
+        "folder of one (refused by default)",
+    )
     parser.add_argument(
         "--output", dest="output", help="the run's output (folder or s3://); default: asked of Redis"
     )

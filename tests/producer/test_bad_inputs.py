@@ -43,7 +43,9 @@ from tests.support.bad_inputs import (
     broken_run,
     broken_unchanged,
     busy_run,
+    empty_folder,
     enqueued,
+    filled_folder,
     foreign_run_output,
     kept_column_types,
     linked_folders,
@@ -52,6 +54,7 @@ from tests.support.bad_inputs import (
     nothing_pinned,
     pinned_mapped_run,
     pinned_run,
+    pinned_run_and_filled_folder,
     pinned_run_in_default_output,
     pinned_run_keeping_lang,
     pinned_run_with_rejects,
@@ -180,6 +183,42 @@ OUTPUTS = [
         "'/etc/draftgen' is under /etc, a system folder",
     ),
     refused("output-root", ("--output", "/"), "'/' is the root of the file system"),
+    *[
+        refused(f"output-{what}", ("--output", where), words, "--allow-location if you mean it")
+        for what, where, words in (
+            (
+                "a-hidden-folder-of-roots-home",
+                "/root/.draftgen-test",
+                "inside /root/.draftgen-test, a hidden",
+            ),
+            ("a-home-folder", "/home/draftgen-test", "'/home/draftgen-test' is a home folder"),
+            ("under-var", "/var/spool/cron/crontabs", "is under /var: not a place for a run's files"),
+            ("under-opt", "/opt/draftgen-test", "is under /opt"),
+            ("srv", "/srv", "'/srv' is under /srv"),
+        )
+    ],
+    refused(
+        "output-an-existing-folder-holding-other-files",
+        ("--output", "{tmp}/filled"),
+        "filled' already holds files that are not this run's (notes.txt): give a new or empty folder",
+        setup=filled_folder,
+    ),
+    Case(
+        "export-to-a-folder-holding-other-files",
+        ("export", "--run", PINNED, "--format", "sharegpt", "--to", "{tmp}/filled"),
+        EXIT_USAGE,
+        ("--to: ", "filled' already holds files that are not this run's (notes.txt)"),
+        pinned_unchanged,
+        setup=pinned_run_and_filled_folder,
+    ),
+    Case(
+        "output-an-existing-empty-folder-is-the-runs",
+        (*NEW_RUN[:-1], "{tmp}/empty"),
+        EXIT_OK,
+        ("new                 3 prompts",),
+        all_of(enqueued(DATA_IDS), run_json_in("empty")),
+        setup=empty_folder,
+    ),
     refused(
         "output-dot-dot-into-a-system-folder",
         ("--output", "{tmp}/../../../../../../../usr/draftgen"),
@@ -261,6 +300,7 @@ OUTPUTS = [
             ("into-the-runs-own-output", "{tmp}/pinned-out/export", ("pinned-out/export: inside the run's",)),
             ("to-dev-null", "/dev/null", ("--to: '/dev/null' is a character device, not a folder",)),
             ("to-a-percent-encoded-newline", "file://{tmp}/x%0Ay", (r"/x\ny' holds a control character",)),
+            ("to-a-hidden-home-folder", "/root/.draftgen-test", ("--allow-location if you mean it",)),
         )
     ],
     Case(

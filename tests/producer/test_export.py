@@ -243,7 +243,7 @@ def test_a_missing_tokenizer_file_or_an_unknown_quality_is_a_clear_error(
     assert (
         export(healthy_output, tmp_path / "a", "specforge", "--tokenizer", str(tmp_path / "nope.json")) == 2
     )
-    assert "no such file" in capsys.readouterr().err
+    assert "No such file" in capsys.readouterr().err
     assert export(healthy_output, tmp_path / "b", "specforge", "--include", "truncated") == 2
     assert "unknown quality 'truncated'" in capsys.readouterr().err
 

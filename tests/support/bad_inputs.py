@@ -213,6 +213,21 @@ def pinned_run_in_default_output(world: World) -> None:
     assert main(argv) == EXIT_OK
 
 
+def filled_folder(world: World) -> None:
+    """{tmp}/filled holds a file of the user's own."""
+    (world.tmp / "filled").mkdir()
+    (world.tmp / "filled" / "notes.txt").write_text("mine\n")
+
+
+def pinned_run_and_filled_folder(world: World) -> None:
+    pinned_run(world)
+    filled_folder(world)
+
+
+def empty_folder(world: World) -> None:
+    (world.tmp / "empty").mkdir()
+
+
 def named_pipe(world: World) -> None:
     """{tmp}/pipe.toml is a FIFO nobody writes to: reading it whole would wait for ever."""
     os.mkfifo(world.tmp / "pipe.toml")

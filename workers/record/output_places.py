@@ -10,12 +10,20 @@ Refused, each with the reason (UnsupportedStoreUrl):
   the files as orphans to delete;
 - a folder that holds another run's output (a folder below it holds a `run.json`), looked for among its
   first NESTED_SCAN_ENTRIES entries: `gc` of the new run would list the other's files as its orphans.
+
+And where a new run's output or an export's destination is made (`check_fresh_place`):
+- /var, /opt, /srv and anything under them, a home folder itself (`/root`, `/home/<user>`) or a hidden
+  folder in one (`~/.ssh`, `~/.config`), unless the user says they mean it (`--allow-location`): a careless
+  `--output` would fill `/var/spool/cron/crontabs` or `~/.ssh` with files that are not theirs;
+- an existing folder that holds anything but what is already the run's or the export's own (its run.json,
+  an export's record): its files would be mixed with the run's, and `gc` would count them as orphans.
 """
 
 from __future__ import annotations
 
 import os
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 
 from workers.errors import UnsupportedStoreUrl
@@ -28,6 +36,11 @@ SYSTEM_FOLDERS = tuple(
     )
 )  # fmt: skip
 STORAGE_UNDER_SYSTEM_FOLDERS = (Path("/dev/shm"),)  # a tmpfs: real storage
+ALLOW_LOCATION_FLAG = "--allow-location"  # `enqueue` and `export`: the user means a shared place
+SHARED_FOLDERS = tuple(Path(name) for name in ("/var", "/opt", "/srv"))  # the system's, others' or services'
+ROOT_HOME, HOMES = Path("/root"), Path("/home")
+HIDDEN_PREFIX = "."
+ENTRIES_NAMED = 3  # of a folder refused for what it holds
 FILESYSTEM_ROOT = Path("/")
 SETTINGS_KEY = "run.json"  # the run's pinned settings, at the root of its output (workers/record/manifest.py)
 CONTROL_CATEGORY = "Cc"
@@ -69,6 +82,40 @@ def check_local_place(path: Path) -> None:
         raise UnsupportedStoreUrl(
             f"{str(path)!r} holds {str(nested)!r}, a run's output (it holds {SETTINGS_KEY}): "
             "give a folder of its own"
+        )
+
+
+def shared_place_of(path: Path) -> str | None:
+    """Why `path` is no place for a new output without `--allow-location`, or None."""
+    shared = next((folder for folder in SHARED_FOLDERS if path == folder or folder in path.parents), None)
+    if shared is not None:
+        return f"under {shared}"
+    if path == ROOT_HOME or path.parent == HOMES:
+        return "a home folder"
+    home = (
+        ROOT_HOME if ROOT_HOME in path.parents else next((p for p in path.parents if p.parent == HOMES), None)
+    )
+    if home is not None and path.relative_to(home).parts[0].startswith(HIDDEN_PREFIX):
+        return f"inside {home / path.relative_to(home).parts[0]}, a hidden folder of the home {home}"
+    return None
+
+
+def check_fresh_place(path: Path, *, ours: Sequence[str], allow_shared: bool) -> None:
+    """Refuse a new run's output or an export's destination that is a shared place (unless allowed), or an
+    existing folder holding anything while none of `ours` (the names that make it already this run's or
+    this export's) is there."""
+    if not allow_shared and (why := shared_place_of(path)) is not None:
+        raise UnsupportedStoreUrl(
+            f"{str(path)!r} is {why}: not a place for a run's files; {ALLOW_LOCATION_FLAG} if you mean it"
+        )
+    if not path.is_dir() or any((path / name).exists() for name in ours):
+        return
+    with os.scandir(path) as entries:
+        first = [entry.name for _, entry in zip(range(ENTRIES_NAMED + 1), entries, strict=False)]
+    if first:
+        shown = ", ".join(first[:ENTRIES_NAMED]) + (", …" if len(first) > ENTRIES_NAMED else "")
+        raise UnsupportedStoreUrl(
+            f"{str(path)!r} already holds files that are not this run's ({shown}): give a new or empty folder"
         )
 
 

@@ -11,7 +11,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -20,7 +20,7 @@ from core.s3 import S3Url, parse_s3_url
 from core.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
 from workers.record.object_store import ObjectInfo, ObjectStore
-from workers.record.output_places import check_local_place, check_written_location
+from workers.record.output_places import check_fresh_place, check_local_place, check_written_location
 
 DEFAULT_FILE_MODE = 0o666  # what open() asks for; the umask takes away from it
 PROC_STATUS = Path("/proc/self/status")
@@ -213,6 +213,15 @@ def check_output_folder(url: str) -> None:
         raise UnsupportedStoreUrl(
             f"{str(path)!r} cannot be a folder: {str(ancestor)!r} is {_kind_of_file(ancestor)}"
         )
+
+
+def check_fresh_output(url: str, *, ours: Sequence[str], allow_shared: bool) -> None:
+    """Refuse a folder where a new run's output or an export is to be made that is a shared place (/var,
+    /opt, /srv, a home folder or a hidden one in it) unless `allow_shared`, or that holds anything but
+    `ours` (workers/record/output_places.py). An s3:// URL passes."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        check_fresh_place(folder_of(parsed.path), ours=ours, allow_shared=allow_shared)
 
 
 def _kind_of_file(path: Path) -> str:
