@@ -114,6 +114,27 @@ def lower_errors() -> tuple[type[Exception], ...]:
     return (WorkerError, intake_errors.IntakeError, CoreError, redis.RedisError)
 
 
+# Redis's answers to a missing or wrong password (NOAUTH, WRONGPASS, HELLO without auth), in any version
+LOGIN_REFUSALS = ("noauth", "wrongpass", "invalid username-password", "authentication required", "hello")
+NO_LOGIN_ANSWERS = ("noauth", "authentication required", "hello must be called")
+LOGIN_HINT = (
+    ": set DRAFTGEN_REDIS_URL with the producer's user and password (the redis-producer.env "
+    "deploy/redis-credentials.sh writes), not --redis-url, which any user sees in ps"
+)
+
+
+def _refused_login(error: Exception) -> bool:
+    import redis
+
+    text = str(error).lower()
+    return isinstance(error, redis.AuthenticationError) or any(word in text for word in LOGIN_REFUSALS)
+
+
+def _no_login_given(error: Exception) -> bool:
+    text = str(error).lower()
+    return any(word in text for word in NO_LOGIN_ANSWERS)
+
+
 def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
     """A lower layer's error as the branch of this tree that says the same (see the table above)."""
     import redis
@@ -127,7 +148,11 @@ def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
     if isinstance(error, CoreError):
         return SettingsError(str(error))
     if isinstance(error, redis.RedisError):
-        return RedisUnavailable(f"Redis at {redacted_url(redis_url)}: {error}")
+        shown = redacted_url(redis_url)
+        if _refused_login(error):
+            said = "it asks for a user and password" if _no_login_given(error) else str(error)
+            return RedisUnavailable(f"Redis at {shown} refused the login ({said}){LOGIN_HINT}")
+        return RedisUnavailable(f"Redis at {shown}: {error}")
     message = str(error.args[0]) if error.args else type(error).__name__  # KeyError's str() adds quotes
     if isinstance(error, StoreUnavailable):
         return OutputUnavailable(f"{message}{S3_HINT if 's3://' in message else ''}")

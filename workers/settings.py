@@ -302,6 +302,13 @@ def _check_server_url(url: str) -> None:
             f"{variable}={redacted_url(url)!r}: holds a user or password; SGLang authenticates with its "
             f"--api-key: set {ENV_PREFIX}API_KEY instead"
         )
+    if parsed.query or parsed.fragment:
+        shown = redacted_url(url.partition("?")[0].partition("#")[0])
+        raise InvalidSetting(
+            f"{variable}={shown!r}: holds a query or fragment "
+            f"(a token there would be printed with the URL); SGLang takes its key as --api-key: set "
+            f"{ENV_PREFIX}API_KEY instead"
+        )
 
 
 def _server_url(env: Mapping[str, str], gpu: int | None) -> str:

@@ -110,13 +110,17 @@ REDIS_UNREACHABLE = [
         f"redis-{state}-{command[0]}",
         command,
         EXIT_FAILED,
-        ("error: Redis at", reason, RETRY_HELPS),
+        ("error: Redis at", *reasons, RETRY_HELPS),
         nothing_pinned(),
         redis=state,
     )
-    for state, reason in (
-        ("closed", "Connection refused"),
-        ("wrong-password", "invalid username-password pair"),
+    for state, reasons in (
+        ("closed", ("Connection refused",)),
+        (
+            "wrong-password",
+            ("invalid username-password pair", "set DRAFTGEN_REDIS_URL", "redis-producer.env"),
+        ),
+        ("no-password", ("refused the login (it asks for a user and password): set DRAFTGEN_REDIS_URL",)),
     )
     for command in (
         NEW_RUN,

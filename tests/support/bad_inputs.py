@@ -48,6 +48,12 @@ class World:
         scheme, _, rest = self.redis_url.partition("://")
         return f"{scheme}://{WRONG_USER}@{rest.rpartition('@')[2]}"
 
+    @property
+    def no_password_url(self) -> str:
+        """The same server, without the user and password it asks for."""
+        scheme, _, rest = self.redis_url.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
+
 
 Setup = Callable[[World], None]
 Check = Callable[[World], None]
@@ -64,7 +70,7 @@ class Case:
     after: Check
     setup: Setup | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    redis: str = "live"  # "live", "closed" (nothing listens) or "wrong-password"
+    redis: str = "live"  # "live", "closed" (nothing listens), "wrong-password" or "no-password"
     subprocess: bool = False  # only for what needs a process of its own
     max_error_lines: int = 2
 
@@ -147,9 +153,13 @@ def write_inputs(tmp: Path) -> None:
 
 
 def redis_url_for(case: Case, world: World) -> str:
-    return {"live": world.redis_url, "closed": CLOSED_REDIS, "wrong-password": world.wrong_password_url}[
-        case.redis
-    ]
+    urls = {
+        "live": world.redis_url,
+        "closed": CLOSED_REDIS,
+        "wrong-password": world.wrong_password_url,
+        "no-password": world.no_password_url,
+    }
+    return urls[case.redis]
 
 
 def argv_for(case: Case, world: World) -> list[str]:

@@ -39,6 +39,8 @@ def test_a_url_is_shown_without_its_user_and_password_wherever_they_are_written(
         ("file:///etc/passwd", "must be http://host:port or https://host:port"),
         ("http://", "must be http://host:port or https://host:port"),
         ("http://admin:s3cret@127.0.0.1:30000", "holds a user or password; SGLang authenticates with its"),
+        ("http://127.0.0.1:30000/?token=s3cret", "holds a query or fragment (a token there would be printed"),
+        ("http://127.0.0.1:30000/#s3cret", "holds a query or fragment"),
     ],
 )
 def test_a_server_url_that_is_no_http_server_or_carries_a_password_is_refused(
