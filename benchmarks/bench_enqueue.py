@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import PROJECT_ROOT, free_port, start_redis
 from devstack.runs import memory_by_prefix
+from producer.settings import REDIS_URL_ENV
 from workers.state.keys import RunKeys
 from workers.state.queues import GENERATE_QUEUE
 
@@ -153,8 +154,6 @@ def enqueue(
         sys.executable,
         "-m",
         "producer",
-        "--redis-url",
-        redis_url,
         "enqueue",
         data,
         "--run",
@@ -173,7 +172,7 @@ def enqueue(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env or os.environ.copy(),
+        env={**(env or os.environ), REDIS_URL_ENV: redis_url},  # a password never goes on a command line
     )
     peak = PeakMemory(process.pid)
     peak.start()

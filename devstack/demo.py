@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import signal
 import socket
@@ -165,32 +166,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace, console: Console) -> int:
     from producer.cli import main as producer_main  # the real commands, as a user would type them
+    from producer.settings import REDIS_URL_ENV
 
     run = args.run or time.strftime("demo-%Y%m%d-%H%M%S")
     output = (args.workdir / "output" / run).resolve()  # an output belongs to one run
     with running_stack(args, console) as (stack, redis_url, flower_port):
-        shown_url = redacted_url(redis_url)
+        os.environ[REDIS_URL_ENV] = redis_url  # the commands below read it there: never on a command line
         options = [option for option in args.enqueue_options if option != "--"]
         console.print(
-            f"\n$ python -m producer --redis-url {shown_url} enqueue {args.data} --run {run} "
-            f"--output {output} {shlex.join(options)}".rstrip()
+            f"\n$ python -m producer enqueue {args.data} --run {run} --output {output} "
+            f"{shlex.join(options)}".rstrip()
         )
-        enqueue_args = [
-            "--redis-url",
-            redis_url,
-            "enqueue",
-            str(args.data),
-            "--run",
-            run,
-            "--output",
-            str(output),
-            *options,
-        ]
+        enqueue_args = ["enqueue", str(args.data), "--run", run, "--output", str(output), *options]
         if producer_main(enqueue_args) != 0:
             return EXIT_FAILED
         wait_for_run(redis.Redis.from_url(redis_url), run, console)
-        console.print(f"\n$ python -m producer --redis-url {shown_url} verify --run {run}")
-        verified = producer_main(["--redis-url", redis_url, "verify", "--run", run])
+        console.print(f"\n$ python -m producer verify --run {run}")
+        verified = producer_main(["verify", "--run", run])
         console.print(
             f"\nOutput:  {output} (Parquet under data/; the committed objects are listed under manifest/)\n"
             "         (in a new shell, `source .venv/bin/activate` first: draftgen is installed there)\n"

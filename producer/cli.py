@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK
+from core.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from producer.errors import ProducerError, as_producer_error, lower_errors
 from producer.settings import ProducerSettings
 
@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=HELP_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--redis-url", help="default: $DRAFTGEN_REDIS_URL or redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--redis-url",
+        help="default: $DRAFTGEN_REDIS_URL or redis://127.0.0.1:6379/0; one holding a password is refused "
+        "(any user reads a command line): set DRAFTGEN_REDIS_URL",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     for module_name in COMMAND_MODULES:
@@ -49,16 +53,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _warn_of_a_password_on_the_command_line(redis_url: str | None) -> None:
-    """A person who typed a password into a command (stdin a terminal) is told where it shows."""
+PASSWORD_ON_THE_COMMAND_LINE = (
+    "--redis-url holds a password, which every user of this machine can read while the command runs (ps) "
+    "and the shell keeps in its history: set DRAFTGEN_REDIS_URL instead (on a fleet, from the "
+    "redis-producer.env deploy/redis-credentials.sh writes)"
+)
+
+
+def _password_on_the_command_line(redis_url: str | None) -> bool:
     from workers.settings import has_password
 
-    if redis_url and has_password(redis_url) and sys.stdin is not None and sys.stdin.isatty():
-        print(
-            "warning: --redis-url holds a password, which every user of this machine can read (ps, the "
-            "shell's history): set DRAFTGEN_REDIS_URL instead",
-            file=sys.stderr,
-        )
+    return bool(redis_url) and has_password(str(redis_url))
 
 
 def _silence_stdout() -> None:
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     what the user must change, EXIT_FAILED for a failure (see producer/errors.py), never a traceback."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    _warn_of_a_password_on_the_command_line(args.redis_url)
+    if _password_on_the_command_line(args.redis_url):
+        return _fail(PASSWORD_ON_THE_COMMAND_LINE, EXIT_USAGE)
     try:
         return _run(args)
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -29,6 +30,7 @@ from core.exit_codes import EXIT_OK, EXIT_PAUSED_BY_GATE
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_ok, wait_until
 from inference.simulator import RequestRecord, SimulatorSettings, predict_outcome
 from producer.cli import main as producer_main
+from producer.settings import REDIS_URL_ENV
 from producer.status.figures import RATE_WINDOW_S
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
@@ -122,11 +124,25 @@ def server_requests(stack: Stack, run: str) -> list[RequestRecord]:
     return [r for sim in stack.sims for r in sim.admin.requests() if r.rid.startswith(run + ":")]
 
 
+@contextlib.contextmanager
+def redis_url_in_env(url: str) -> Iterator[None]:
+    """DRAFTGEN_REDIS_URL for the commands run in this process (a password never goes on a command line)."""
+    before = os.environ.get(REDIS_URL_ENV)
+    os.environ[REDIS_URL_ENV] = url
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[REDIS_URL_ENV]
+        else:
+            os.environ[REDIS_URL_ENV] = before
+
+
 def producer(stack: Stack, *args: str) -> tuple[int, str]:
     """`python -m producer ARGS` in this process (status, pause, resume, verify need no Celery app)."""
     output = io.StringIO()
-    with contextlib.redirect_stdout(output):
-        code = producer_main(["--redis-url", stack.redis_url, *args])
+    with contextlib.redirect_stdout(output), redis_url_in_env(stack.redis_url):
+        code = producer_main(list(args))
     return code, output.getvalue()
 
 

@@ -29,6 +29,7 @@ from devstack.local_stack import wait_until
 from producer.cli import main
 from producer.enqueue.processes import part_of
 from producer.errors import S3_HINT
+from producer.settings import REDIS_URL_ENV
 from tests.support.bad_inputs import (
     BROKEN,
     DEAD_ERROR,
@@ -45,6 +46,7 @@ from tests.support.bad_inputs import (
     busy_run,
     empty_folder,
     enqueued,
+    env_for,
     filled_folder,
     foreign_run_output,
     kept_column_types,
@@ -800,6 +802,7 @@ def world(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> It
     # boto3's default session keeps the credentials an earlier test's client found in the environment
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     monkeypatch.chdir(tmp_path)  # a relative output the old code accepted lands here, never in the repo
+    monkeypatch.setenv(REDIS_URL_ENV, redis_url)  # setups and the tests below run against it
     write_inputs(tmp_path)
     client = redis.Redis.from_url(redis_url)
     yield World(tmp=tmp_path, client=client, redis_url=redis_url)
@@ -810,9 +813,10 @@ def run_case(
     case: Case, world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> Outcome:
     argv = argv_for(case, world)
+    env = env_for(case, world)
     if case.subprocess:
-        return run_in_subprocess(argv, case.env, world.tmp)
-    for name, value in case.env.items():
+        return run_in_subprocess(argv, env, world.tmp)
+    for name, value in env.items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()  # what the setup printed
     code = main(argv)
@@ -869,7 +873,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
     # Given an enqueue reading a pipe, which has stored every whole chunk written and waits for more
     pipe = world.tmp / "stream.jsonl"
     os.mkfifo(pipe)
-    command = [sys.executable, "-m", "producer", "--redis-url", world.redis_url, "enqueue", str(pipe)]
+    command = [sys.executable, "-m", "producer", "enqueue", str(pipe)]
     command += ["--run", RUN, "--output", str(world.tmp / "out"), "--batch-size", str(FIFO_BATCH_SIZE)]
     command += ["--processes", str(processes)]
     enqueued = whole_chunks(processes)
@@ -877,6 +881,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("DRAFTGEN_")},
         "PYTHONPATH": str(REPOSITORY_ROOT),
+        REDIS_URL_ENV: world.redis_url,
     }
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
@@ -908,7 +913,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
     assert world.client.exists(keys.enqueue_lock) == 0  # the next enqueue need not wait
     # And running it again on the whole input adds only the rest
     (world.tmp / "all.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(ALL_ROWS)))
-    again = main(["--redis-url", world.redis_url, "enqueue", str(world.tmp / "all.jsonl"), "--run", RUN])
+    again = main(["enqueue", str(world.tmp / "all.jsonl"), "--run", RUN])
     assert again == EXIT_OK
     assert RunLedger(world.client, keys.run).counts().enqueued == ALL_ROWS
     batched = Counter(
@@ -920,16 +925,7 @@ def test_ctrl_c_during_enqueue_reports_what_was_enqueued_and_a_re_run_adds_only_
 
 
 def enqueue_folder(world: World, folder: Path) -> list[str]:
-    return [
-        "--redis-url",
-        world.redis_url,
-        "enqueue",
-        str(folder),
-        "--run",
-        RUN,
-        "--output",
-        str(world.tmp / "out"),
-    ]
+    return ["enqueue", str(folder), "--run", RUN, "--output", str(world.tmp / "out")]
 
 
 def test_a_folder_file_without_the_id_column_among_files_with_it_is_warned_about_by_name(
@@ -939,17 +935,7 @@ def test_a_folder_file_without_the_id_column_among_files_with_it_is_warned_about
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows(2)))
     (folder / "b.jsonl").write_text(json.dumps({"prompt": "a row of its own, no id"}) + "\n")
-    argv = [
-        "--redis-url",
-        world.redis_url,
-        "enqueue",
-        str(folder),
-        "--run",
-        RUN,
-        "--output",
-        str(world.tmp / "out"),
-    ]
-    assert main(argv) == EXIT_OK
+    assert main(enqueue_folder(world, folder)) == EXIT_OK
     said = capsys.readouterr().err
     assert "warning: b.jsonl (1 rows) gave no id column while the folder's other files did" in said
     assert "a.jsonl" not in said
@@ -962,15 +948,5 @@ def test_a_folder_whose_files_all_lack_ids_is_not_warned_about(
     folder.mkdir()
     for name in ("a.jsonl", "b.jsonl"):
         (folder / name).write_text(json.dumps({"prompt": f"the row of {name}"}) + "\n")
-    argv = [
-        "--redis-url",
-        world.redis_url,
-        "enqueue",
-        str(folder),
-        "--run",
-        RUN,
-        "--output",
-        str(world.tmp / "out"),
-    ]
-    assert main(argv) == EXIT_OK
+    assert main(enqueue_folder(world, folder)) == EXIT_OK
     assert "gave no id column" not in capsys.readouterr().err

@@ -20,6 +20,7 @@ import redis
 from core.exit_codes import EXIT_OK, EXIT_USAGE
 from intake.errors import SourceError
 from intake.input_files import open_rows
+from producer.settings import REDIS_URL_ENV
 from tests.support.crafted_inputs import BUILDERS, MIB
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
@@ -92,10 +93,10 @@ def crafted_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def enqueue_limited(data: Path, redis_url: str, output: Path) -> subprocess.CompletedProcess[str]:
     clean = {name: value for name, value in os.environ.items() if not name.startswith("DRAFTGEN_")}
-    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", RUN, "--output", str(output)]
+    argv = ["enqueue", str(data), "--run", RUN, "--output", str(output)]
     return subprocess.run(
         [sys.executable, "-c", LIMITED_ENQUEUE, *argv],
-        env={**clean, "PYTHONPATH": str(REPOSITORY_ROOT)},
+        env={**clean, "PYTHONPATH": str(REPOSITORY_ROOT), REDIS_URL_ENV: redis_url},
         capture_output=True,
         text=True,
         timeout=SUBPROCESS_TIMEOUT_S,

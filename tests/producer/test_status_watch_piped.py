@@ -13,7 +13,7 @@ from typing import IO
 import pytest
 
 from core.exit_codes import EXIT_OK
-from producer.cli import main
+from producer.settings import REDIS_URL_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -27,10 +27,13 @@ def watch_piped(redis_url: str, tmp_path: Path, *, run: str, prompts: int) -> su
     """A run of `prompts` prompts enqueued, and `status --watch` of it started with its output a pipe."""
     data = tmp_path / "d.jsonl"
     data.write_text("".join(f'{{"id": "q{i}", "prompt": "question {i}"}}\n' for i in range(prompts)))
-    argv = ["--redis-url", redis_url, "enqueue", str(data), "--run", run, "--output", str(tmp_path / "o")]
-    assert main(argv) == EXIT_OK
-    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT)}
-    command = [sys.executable, "-m", "producer", "--redis-url", redis_url, "status", "--run", run]
+    env = {**os.environ, "PYTHONPATH": str(REPOSITORY_ROOT), REDIS_URL_ENV: redis_url}
+    enqueue = ["enqueue", str(data), "--run", run, "--output", str(tmp_path / "o")]
+    assert (
+        subprocess.run([sys.executable, "-m", "producer", *enqueue], env=env, check=False).returncode
+        == EXIT_OK
+    )
+    command = [sys.executable, "-m", "producer", "status", "--run", run]
     return subprocess.Popen(
         [*command, "--watch", REFRESH_S], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

@@ -18,6 +18,7 @@ from core.exit_codes import EXIT_OK
 from core.records import DeadLetter, DeadLetterReason, SamplingSettings
 from core.run_settings.model import RunSettings
 from producer.cli import main
+from producer.settings import REDIS_URL_ENV
 from workers.state.keys import RUNS_KEY, RunKeys
 from workers.state.ledger import RunLedger
 from workers.state.runs import decode_run_settings, encode_run_settings
@@ -163,7 +164,13 @@ def redis_url_for(case: Case, world: World) -> str:
 
 
 def argv_for(case: Case, world: World) -> list[str]:
-    return ["--redis-url", redis_url_for(case, world), *(part.format(tmp=world.tmp) for part in case.argv)]
+    return [part.format(tmp=world.tmp) for part in case.argv]
+
+
+def env_for(case: Case, world: World) -> dict[str, str]:
+    """The case's variables, and the Redis it runs against in DRAFTGEN_REDIS_URL (a password never goes on
+    a command line: `--redis-url` with one is refused)."""
+    return {REDIS_URL_ENV: redis_url_for(case, world), **case.env}
 
 
 def run_in_subprocess(argv: list[str], env: Mapping[str, str], cwd: Path) -> Outcome:
@@ -183,7 +190,7 @@ def run_in_subprocess(argv: list[str], env: Mapping[str, str], cwd: Path) -> Out
 
 def enqueue_for_setup(world: World, data: str, run: str = PINNED, *options: str) -> None:
     """A successful enqueue the case then builds on (its output in {tmp}/pinned-out)."""
-    argv = ["--redis-url", world.redis_url, "enqueue", str(world.tmp / data), "--run", run]
+    argv = ["enqueue", str(world.tmp / data), "--run", run]
     assert main([*argv, "--output", str(world.tmp / "pinned-out"), *options]) == EXIT_OK
 
 
@@ -219,7 +226,7 @@ def pinned_run_keeping_lang(world: World) -> None:
 
 def pinned_run_in_default_output(world: World) -> None:
     """The pinned run was enqueued without --output: its output is ./output/pinned."""
-    argv = ["--redis-url", world.redis_url, "enqueue", str(world.tmp / "data.jsonl"), "--run", PINNED]
+    argv = ["enqueue", str(world.tmp / "data.jsonl"), "--run", PINNED]
     assert main(argv) == EXIT_OK
 
 

@@ -14,6 +14,7 @@ from core.records import SamplingSettings
 from core.run_settings.model import RunSettings
 from producer.cli import main as producer_main
 from producer.enqueue.enqueuer import pin_settings
+from producer.settings import REDIS_URL_ENV
 from producer.status.gather import gather_status
 from producer.status.metrics import DraftgenCollector
 from workers.broker.parked_messages import ParkedCount, park, parked_message
@@ -50,15 +51,19 @@ def test_status_names_how_many_messages_were_parked_and_why(two_parked: redis.Re
 
 
 def test_parked_lists_the_newest_first_with_reason_queue_size_and_preview(
-    two_parked: redis.Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+    two_parked: redis.Redis,
+    redis_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert producer_main(["--redis-url", redis_url, "parked", "--json"]) == 0
+    monkeypatch.setenv(REDIS_URL_ENV, redis_url)
+    assert producer_main(["parked", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(m["queue"], m["reason"], m["size"], m["preview"]) for m in listed["newest"]] == [
         (UPLOAD_QUEUE, "bad_arguments", 2, "{}"),
         (GENERATE_QUEUE, "not_json", 1, "x"),
     ]
-    assert producer_main(["--redis-url", redis_url, "parked"]) == 0
+    assert producer_main(["parked"]) == 0
     assert "upload  bad_arguments: why  (2 bytes)" in capsys.readouterr().out
 
 

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from core.exit_codes import EXIT_FAILED
+from core.exit_codes import EXIT_FAILED, EXIT_USAGE
 from producer.cli import main
 from workers.errors import InvalidSetting
 from workers.settings import WorkerSettings, redacted_url
@@ -51,25 +51,21 @@ def test_a_server_url_that_is_no_http_server_or_carries_a_password_is_refused(
     assert said in str(refused.value) and "s3cret" not in str(refused.value)
 
 
-class Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_a_password_typed_on_the_command_line_is_warned_about_naming_the_variable_to_use(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("stdin", [io.StringIO(), None], ids=["a script or cron", "no stdin"])
+def test_a_password_on_the_command_line_is_refused_wherever_it_is_typed_naming_the_variable_to_use(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stdin: io.StringIO | None
 ) -> None:
-    monkeypatch.setattr("sys.stdin", Terminal())
-    assert main(["--redis-url", CLOSED_REDIS_WITH_PASSWORD, "files", "--run", "r"]) == EXIT_FAILED
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert main(["--redis-url", CLOSED_REDIS_WITH_PASSWORD, "files", "--run", "r"]) == EXIT_USAGE
     said = capsys.readouterr().err
-    assert said.startswith("warning: --redis-url holds a password") and "DRAFTGEN_REDIS_URL" in said
+    assert said.startswith("error: --redis-url holds a password") and "set DRAFTGEN_REDIS_URL instead" in said
     assert "s3cret" not in said
 
 
-def test_a_script_passing_the_url_is_not_warned(
+def test_the_same_url_from_the_environment_is_used_and_never_shown(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO())
-    assert main(["--redis-url", CLOSED_REDIS_WITH_PASSWORD, "files", "--run", "r"]) == EXIT_FAILED
+    monkeypatch.setenv("DRAFTGEN_REDIS_URL", CLOSED_REDIS_WITH_PASSWORD)
+    assert main(["files", "--run", "r"]) == EXIT_FAILED
     said = capsys.readouterr().err
     assert said.startswith("error: Redis at redis://***@127.0.0.1:1/0") and "s3cret" not in said
