@@ -11,13 +11,14 @@ from pathlib import Path
 import redis
 
 from core.exit_codes import EXIT_OK
-from producer.errors import RunNotFound
+from producer.errors import RunNotFound, SettingsError
 from producer.progress_lines import ProgressLines
 from producer.report.figures import compute_figures, dead_letters_by_reason
 from producer.report.parser import DEFAULT_REPORTS_DIR
 from producer.run_access import pinned_settings
 from producer.settings import ProducerSettings
-from workers.record.storage import normalise_output, open_store
+from workers.errors import UnsupportedStoreUrl
+from workers.record.storage import check_output_folder, normalise_output, open_store
 from workers.state.keys import check_run_name
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
@@ -52,10 +53,14 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
     if args.output is None and pinned_url is None:
         raise RunNotFound(f"no run named {run!r} in Redis: pass --output URL to report on an output directly")
     store_url = normalise_output(args.output) if args.output is not None else str(pinned_url)
+    out_dir: Path = args.out or DEFAULT_REPORTS_DIR / run
+    try:
+        check_output_folder(normalise_output(str(out_dir)))
+    except UnsupportedStoreUrl as error:
+        raise SettingsError(f"--out: {error}") from error
     figures = compute_figures(
         open_store(store_url), run, dead_letters=dead_letters, on_object=ProgressLines("read objects").update
     )
-    out_dir: Path = args.out or DEFAULT_REPORTS_DIR / run
     page = write_report(figures, out_dir, generated_at=time.time())
     print(f"run {run}: {store_url}")
     width = max(len(row.name) for row in summary_rows(figures))

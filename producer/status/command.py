@@ -20,14 +20,14 @@ from core.records import DeadLetter, Record, row_place
 from intake.rejected import RejectedRow
 from intake.rows import rejection_source
 from producer.errors import RunNotFound, SettingsError
-from producer.run_access import connect_redis, require_run
+from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status.parser import LISTED_KINDS, PRICE_ENV
 from producer.status.view import clock, render_status, status_line
 from workers.errors import RecordUnreadable
-from workers.record.storage import normalise_output, open_store
+from workers.record.storage import normalise_output
 from workers.state.codec import decode_json
 from workers.state.control import PAUSED_BY_USER, PAUSED_RETRY_S, pause, pause_state, resume
 from workers.state.keys import RunKeys, check_run_name
@@ -171,7 +171,7 @@ def rejects_from_output(output: str, run: str) -> RejectsListing:
     """The same from the output alone (`rejected/` objects, committed dead letters): Redis may be gone."""
     from workers.record.reading import read_committed, read_rejections
 
-    store = open_store(normalise_output(output))
+    store = checked_output_store(normalise_output(output))
     rejected = [_listed(stored.source, stored.rejected) for stored in read_rejections(store)]
     return _sorted_listing(run, rejected, list(read_committed(store, completions=False).dead.values()))
 

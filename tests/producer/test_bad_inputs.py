@@ -717,6 +717,21 @@ LISTINGS = [
     ),
     Case("rejects-unknown-run", ("rejects", "--run", RUN), EXIT_USAGE, ("no run named 'r'",), no_state),
     Case(
+        "report-out-a-device",
+        ("report", "--run", PINNED, "--out", "/dev/null"),
+        EXIT_USAGE,
+        ("--out: '/dev/null' is a character device, not a folder",),
+        pinned_unchanged,
+        setup=pinned_run,
+    ),
+    Case(
+        "rejects-output-a-device",
+        ("rejects", "--run", RUN, "--output", "/dev/zero"),
+        EXIT_USAGE,
+        ("--output: '/dev/zero' is a character device, not a folder",),
+        no_state,
+    ),
+    Case(
         "wait-unknown-run-answered-with-the-known-runs",
         ("wait", "--run", "pined"),
         EXIT_USAGE,
