@@ -11,7 +11,7 @@ import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlparse
 
 from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from inference.client_settings import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ClientSettings
@@ -59,11 +59,28 @@ _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
 SERVER_URL_SCHEMES = ("http", "https")
 SECRET_QUERY_KEYS = frozenset({"password", "pass", "passwd", "pwd", "token", "secret", "api_key", "apikey"})
+# A URL's query values are shown only for these connection options, none of them a secret; any other value
+# (a password, a token, a signature, whatever it is called) is printed as REDACTED.
+SHOWN_QUERY_KEYS = frozenset(
+    {
+        "db",
+        "protocol",
+        "ssl_cert_reqs",
+        "ssl_check_hostname",
+        "ssl_ca_certs",
+        "ssl_certfile",
+        "ssl_keyfile",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "health_check_interval",
+        "client_name",
+    }
+)
 REDACTED = "***"
 
 
 def redacted_url(url: str) -> str:
-    """The URL without its user and password, nor a password given as a query (`?password=`), to print."""
+    """The URL to print: without its user and password, nor any query value but a connection option's."""
     scheme, separator, rest = url.partition("://")
     if not separator:
         return url
@@ -73,15 +90,18 @@ def redacted_url(url: str) -> str:
     if question:
         fields = [field.partition("=") for field in query.split("&")]
         query = "&".join(
-            f"{key}{equals}{REDACTED if key.lower() in SECRET_QUERY_KEYS and equals else value}"
+            f"{key}{equals}{value if key.lower() in SHOWN_QUERY_KEYS or not equals else REDACTED}"
             for key, equals, value in fields
         )
     return f"{scheme}{separator}{base}{question}{query}"
 
 
 def has_password(url: str) -> bool:
-    """Whether the URL carries a password (in its user part or as a query)."""
-    return redacted_url(url) != url
+    """Whether the URL carries a password: in its user part, or as a query value of a secret's name."""
+    parsed = urlparse(url)
+    if parsed.password is not None or (parsed.username and parsed.username != REDACTED):
+        return True
+    return any(key.lower() in SECRET_QUERY_KEYS for key, _ in parse_qsl(parsed.query, keep_blank_values=True))
 
 
 @dataclass(frozen=True)

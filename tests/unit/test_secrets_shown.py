@@ -25,8 +25,9 @@ CLOSED_REDIS_WITH_PASSWORD = "redis://:s3cret@127.0.0.1:1/0"
             "rediss://***@h:6380/0?ssl_cert_reqs=required",
         ),
         ("redis://h:6379/0?password=s3cret&db=2", "redis://h:6379/0?password=***&db=2"),
+        ("https://h/x?X-Amz-Signature=s3cret&token=t0k", "https://h/x?X-Amz-Signature=***&token=***"),
         ("redis://:pa/ss@h:6379/0", "redis://***@h:6379/0"),
-        ("redis://h/0?name=a@b", "redis://h/0?name=a@b"),
+        ("redis://h/0?name=a@b", "redis://h/0?name=***"),  # an @ in the query is no user part
     ],
 )
 def test_a_url_is_shown_without_its_user_and_password_wherever_they_are_written(url: str, shown: str) -> None:
