@@ -112,18 +112,18 @@ def test_a_generate_worker_killed_mid_batch_loses_only_its_requests_in_flight(
 def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its_orphan(
     stack: Stack, tmp_path: Path
 ) -> None:
-    # Given a run whose manifest cannot be written yet (a file sits where the manifest folder goes),
-    # so the uploader's flush writes its data object and fails before committing it
+    # Given a run whose manifest cannot be written yet (a file sits where the manifest folder goes,
+    # placed once enqueue made the output: a new run's output holds nothing but its own files), so the
+    # uploader's flush writes its data object and fails before committing it
     output = tmp_path / "out"
-    output.mkdir()
-    (output / "manifest").write_text("in the way")
     stack.start_generator(0)
-    stack.start_uploader()
     data = prompt_files.write_jsonl(
         tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(200, "up")]
     )
     run = "kill-uploader"
     stack.enqueue(data, run, "--output", str(output), "--batch-size", "16")
+    (output / "manifest").write_text("in the way")
+    stack.start_uploader()
     store = open_store(output.as_uri())
     wait_until(lambda: any(True for _ in store.list(DATA_PREFIX)), timeout_s=60, what="a data object written")
     # When the uploader is SIGKILLed mid-flush, the obstacle is removed, and the uploader restarts
