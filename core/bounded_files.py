@@ -20,6 +20,11 @@ FILE_KINDS = (
 MIB = 1 << 20
 
 
+def kind_of_mode(mode: int) -> str | None:
+    """What a file mode names when it is not a regular file (a folder, a device, a pipe, a socket)."""
+    return next((name for test, name in FILE_KINDS if test(mode)), None)
+
+
 def read_bounded(path: Path, *, limit_bytes: int, what: str) -> bytes:
     """The bytes of the regular file at `path`, at most `limit_bytes`; SettingsRefused naming `what` and
     the path otherwise (missing, unreadable, not a regular file, past the bound)."""
@@ -28,8 +33,7 @@ def read_bounded(path: Path, *, limit_bytes: int, what: str) -> bytes:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as error:
         raise SettingsRefused(f"cannot read {what} {path}: {error.strerror}") from error
-    mode = os.fstat(descriptor).st_mode
-    kind = next((name for test, name in FILE_KINDS if test(mode)), None)
+    kind = kind_of_mode(os.fstat(descriptor).st_mode)
     if kind is not None:
         os.close(descriptor)
         raise SettingsRefused(f"{what} {path} is {kind}, not a file")

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from core.bounded_files import kind_of_mode
 from core.s3 import S3Url, parse_s3_url
 from core.safe_paths import stays_inside
 from workers.errors import ObjectMissing, UnsafeKey, UnsupportedStoreUrl
@@ -225,11 +225,6 @@ def check_fresh_output(url: str, *, ours: Sequence[str], allow_shared: bool) -> 
 
 
 def _kind_of_file(path: Path) -> str:
-    mode = path.stat().st_mode
-    kinds = (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "a file")
+    """What a path that is no folder is: a device, a pipe, a socket (core/bounded_files.py names them), or
+    a file."""
+    return kind_of_mode(path.stat().st_mode) or "a file"
