@@ -1,8 +1,8 @@
 """draftgen beside a plain client of the peer's design, on the same simulated GPUs and prompts, in one run.
 
-Two simulated GPUs (48 slots each, `--length-mix reasoning`, `--speedup` 20), side by side for single
-prompts and for conversations of 1-6 user turns (every turn regenerated, each request holding the
-client's own earlier answers):
+Two simulated GPUs (48 slots each, `--length-mix reasoning`, `--speedup` 20, `--stream-interval` as
+`python -m node serve` starts SGLang), side by side for single prompts and for conversations of 1-6 user
+turns (every turn regenerated, each request holding the client's own earlier answers):
   - draftgen: the real pipeline (Redis, `enqueue`, a real Celery generate worker beside each GPU, the
     uploader), as benchmarks/bench_pipeline.py and bench_drain.py run it;
   - peer-48, peer-64: benchmarks/peer_client.py, SpecForge's regeneration script's design (a thread pool
@@ -20,13 +20,18 @@ Per run, from the servers' request logs (benchmarks/server_figures.py):
   - finish spread: how far apart the GPUs ran out of work, in seconds and in median requests;
   - CPU per output token of the client's processes (user + system): draftgen's generate workers, the
     peer's own process; from their first request to the run's end.
+Single prompts also get the floor of their own lengths (benchmarks/tail_floor.py): what any order blind
+to length, and longest first knowing every length, would make of the end of the run. With
+`--answer-signal SIGMA` their rows carry dataset answers that hint at the target's length as a real
+dataset's do (benchmarks/length_signal.py); the peer ignores them, as SpecForge's script does.
 With `--pin` (the default on 2 cores or more) each tool's processes run pinned to one core each, as the
 issue's measurements did: the generate worker of GPU i on core i (modulo the cores; one process per GPU
 is draftgen's design, each beside its GPU), the peer's one process on the last core. The simulators,
 Redis and the uploader are not pinned.
 
     .venv/bin/python benchmarks/bench_peer.py [--prompts 600] [--conversations 200] [--speedup 20]
-        [--no-pin] [--variant NAME:KEY=VALUE,...]   # the issue's sizes: --prompts 3000 --conversations 800
+        [--no-pin] [--variant NAME:KEY=VALUE,...] [--stream-interval 32] [--answer-signal SIGMA]
+        # the issue's sizes: --prompts 3000 --conversations 800
 
 Last line: `peer_bench` then `<workload>.<client>.<figure>=<value>` for every figure, and
 `<workload>.ahead=<figures where draftgen is behind the better peer, or none>`.
@@ -51,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_pipeline import MAX_TURNS, MIN_TURNS, SAMPLING, bench_conversations, bench_prompts
 from benchmarks.draftgen_fleet import RUN_TIMEOUT_S, draftgen_fleet, run_to_end
+from benchmarks.length_signal import hint_correlation, with_dataset_answers
 from benchmarks.peer_client import PeerOutcome
 from benchmarks.process_cpu import cpu_seconds, pinning_by_default, usable_cores
 from benchmarks.server_figures import (
@@ -65,10 +71,12 @@ from benchmarks.server_figures import (
     span_of,
     turn_gaps,
 )
+from benchmarks.tail_floor import tail_floor
 from core.records import Prompt
 from devstack.local_stack import free_port, start_redis
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import LENGTH_MIX_CHOICES, REASONING
+from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 2
@@ -96,7 +104,12 @@ TURN_GAP_P99_GOAL_S = 0.050
 
 def simulator_settings(args: argparse.Namespace) -> SimulatorSettings:
     """The simulators' command line, in one place: every server of every run is started with it."""
-    return SimulatorSettings(speedup=args.speedup, max_running_requests=SLOTS, length_mix=args.length_mix)
+    return SimulatorSettings(
+        speedup=args.speedup,
+        max_running_requests=SLOTS,
+        length_mix=args.length_mix,
+        stream_interval=args.stream_interval,
+    )
 
 
 @dataclass(frozen=True)
@@ -314,6 +327,31 @@ def last_line(results: Sequence[Measured]) -> str:
     return " ".join(parts)
 
 
+def single_prompt_notes(
+    prompts: Sequence[Prompt],
+    server_logs: Sequence[Sequence[RequestRecord]],
+    run: str,
+    settings: SimulatorSettings,
+    args: argparse.Namespace,
+) -> list[str]:
+    """What the single prompts' own lengths allow (benchmarks/tail_floor.py) and, with a signal, how well
+    the dataset's answers predicted them."""
+    answered = [r for records in server_logs for r in finished(records, run)]
+    floor = tail_floor([r.completion_tokens for r in answered], settings, GPUS)
+    notes = [
+        f"single: these {len(answered)} requests' own lengths, decoded as a per-request dispatcher would: "
+        f"decode wall ÷ ideal {floor.order_blind:.3f} in any order blind to length (mean of shuffles), "
+        f"{floor.clairvoyant:.3f} longest first knowing every length"
+    ]
+    if args.answer_signal is not None:
+        rho = hint_correlation(prompts, answered, run)
+        notes.append(
+            f"single: dataset answers with noise sigma {args.answer_signal:g}: Spearman {rho:.2f} "
+            "against the lengths the target gave"
+        )
+    return notes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -336,14 +374,33 @@ def main() -> int:
         help="NAME:KEY=VALUE[,KEY=VALUE]: also run draftgen with these worker settings, e.g. "
         "b2:DRAFTGEN_BATCHES_IN_FLIGHT=2",
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=DEFAULT_STREAM_INTERVAL_TOKENS,
+        help="the servers' --stream-interval in tokens (%(default)s: what `python -m node serve` starts "
+        "SGLang with; SGLang's own default is 1)",
+    )
+    parser.add_argument(
+        "--answer-signal",
+        type=float,
+        metavar="SIGMA",
+        help="give each single prompt a dataset answer of the target's length times a lognormal noise of "
+        "SIGMA (1.2: a Spearman correlation of about 0.7), as a real dataset's rows carry one "
+        "(benchmarks/length_signal.py); default: none, nothing predicts a length",
+    )
     args = parser.parse_args()
     settings = simulator_settings(args)
     pins = pinning(args.pin)
     # The first `--conversations` of bench_pipeline's seeded conversations: each gets 1-6 turns.
     conversations = bench_conversations(args.conversations * MAX_TURNS)[: args.conversations]
-    every = {SINGLE: bench_prompts(args.prompts), CONVERSATIONS: conversations}
+    singles = bench_prompts(args.prompts)
+    if args.answer_signal is not None:
+        singles = with_dataset_answers(singles, settings, SAMPLING, sigma=args.answer_signal)
+    every = {SINGLE: singles, CONVERSATIONS: conversations}
     workloads = {workload: prompts for workload, prompts in every.items() if prompts}  # 0: not run
     results: list[Measured] = []
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
@@ -362,13 +419,16 @@ def main() -> int:
                     results.append(
                         measure(workload, client, run, settings, server_logs, cpu_s=cpu_s, dropped=dropped)
                     )
+                    if workload == SINGLE and client == "draftgen":
+                        notes.extend(single_prompt_notes(prompts, server_logs, run, settings, args))
         finally:
             for sim in sims:
                 sim.stop()
             redis_process.stop()
     turns = sum(c.turn_count for c in conversations)
     print(
-        f"{GPUS} GPUs of {SLOTS} slots, length mix {args.length_mix}, speedup {args.speedup:g}; "
+        f"{GPUS} GPUs of {SLOTS} slots, length mix {args.length_mix}, speedup {args.speedup:g}, "
+        f"stream interval {args.stream_interval}; "
         f"{args.prompts} single prompts; {len(conversations)} conversations of {MIN_TURNS}-{MAX_TURNS} turns "
         f"({turns} turns); {len(usable_cores())} cores, {pins.describe()}"
     )
@@ -380,6 +440,8 @@ def main() -> int:
     print(HEADER)
     for measured in results:
         print(measured.row())
+    for note in notes:
+        print(note)
     print(last_line(results))
     return 0
 

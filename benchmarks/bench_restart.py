@@ -17,7 +17,7 @@ the server's capacity (`lost GPU s`), and the least the kill must cost, those pl
 share of the uninterrupted run (`floor ÷`): what no restart can win back without resuming a request from
 its streamed output.
 
-    .venv/bin/python benchmarks/bench_restart.py [--prompts 500] [--speedup 20]
+    .venv/bin/python benchmarks/bench_restart.py [--prompts 500] [--speedup 20] [--no-another-label]
 
 Last line: restart_wall_ratio=<restarted ÷ uninterrupted> idle_after_kill_s=<restarted>.
 """
@@ -45,6 +45,7 @@ from devstack.local_stack import free_port, start_celery_worker, start_redis, wa
 from devstack.runs import enqueue_run
 from inference.simulator import RequestRecord, SimulatorProcess, SimulatorSettings
 from inference.simulator.length_mix import REASONING
+from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS
 from producer.upkeep.verify import verify_run
 from workers.record.storage import open_store
 from workers.state.ledger import RunLedger
@@ -153,12 +154,17 @@ def one_run(
 @contextlib.contextmanager
 def one_reasoning_gpu(speedup: float) -> Iterator[tuple[SimulatorProcess, str, Path]]:
     """A scratch folder for logs, a redis-server and one simulated GPU (48 slots, the reasoning length mix,
-    a request log long enough for a whole run): (the GPU, Redis's URL, the folder)."""
+    chunked as `node serve` starts SGLang, a request log long enough for a whole run): (the GPU, Redis's
+    URL, the folder)."""
     with tempfile.TemporaryDirectory() as scratch:
         logs = Path(scratch)
         redis_process = start_redis(free_port(), logs / "redis", logs)
         settings = SimulatorSettings(
-            speedup=speedup, max_running_requests=WINDOW, request_log_size=100_000, length_mix=REASONING
+            speedup=speedup,
+            max_running_requests=WINDOW,
+            request_log_size=100_000,
+            length_mix=REASONING,
+            stream_interval=DEFAULT_STREAM_INTERVAL_TOKENS,
         )
         try:
             with SimulatorProcess(settings) as sim:
@@ -173,15 +179,20 @@ def main() -> int:
     )
     parser.add_argument("--prompts", type=int, default=500)
     parser.add_argument("--speedup", type=float, default=20.0)
+    parser.add_argument(
+        "--another-label",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also the run whose worker comes back under another label (its batches wait out their leases)",
+    )
     args = parser.parse_args()
     prompts = bench_prompts(args.prompts)
     outcomes: list[Outcome] = []
+    runs = [("uninterrupted", False, 0), ("restarted", True, 0)]
+    if args.another_label:
+        runs.append(("another-label", True, 1))
     with one_reasoning_gpu(args.speedup) as (sim, redis_url, logs):
-        for name, kill, comeback_gpu in (
-            ("uninterrupted", False, 0),
-            ("restarted", True, 0),
-            ("another-label", True, 1),
-        ):
+        for name, kill, comeback_gpu in runs:
             outcomes.append(
                 one_run(sim, redis_url, logs, prompts, name=name, kill=kill, comeback_gpu=comeback_gpu)
             )

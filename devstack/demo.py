@@ -36,6 +36,7 @@ from devstack.local_stack import (
 )
 from inference.sglang_defaults import SGLANG_BASE_PORT
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS
 from workers.settings import redacted_url
 from workers.state.ledger import RunLedger
 
@@ -109,7 +110,13 @@ def running_stack(args: argparse.Namespace, console: Console) -> Iterator[tuple[
         )
         for gpu in range(args.gpus):
             port = port_or_free(SGLANG_BASE_PORT + gpu)
-            sim_settings = SimulatorSettings(port=port, speedup=args.speedup, enable_metrics=True)
+            # Chunked as `python -m node serve` starts SGLang (its --stream-interval).
+            sim_settings = SimulatorSettings(
+                port=port,
+                speedup=args.speedup,
+                enable_metrics=True,
+                stream_interval=DEFAULT_STREAM_INTERVAL_TOKENS,
+            )
             stack.simulators.append(SimulatorProcess(sim_settings, keep_port=True).start())
             console.print(
                 f"GPU {gpu}             simulated SGLang at http://127.0.0.1:{port} (x{args.speedup:g} speed)"

@@ -38,6 +38,7 @@ from node.settings import (
     DEFAULT_SPECULATIVE_EAGLE_TOPK,
     DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS,
     DEFAULT_SPECULATIVE_NUM_STEPS,
+    DEFAULT_STREAM_INTERVAL_TOKENS,
     SGLANG_EXECUTABLE,
     ServeSettings,
     SpeculativeAlgorithm,
@@ -153,6 +154,13 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mem-fraction-static", type=float, default=DEFAULT_MEM_FRACTION_STATIC, help="(%(default)s)"
     )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=DEFAULT_STREAM_INTERVAL_TOKENS,
+        help="SGLang's --stream-interval: a streamed request's output goes out in chunks of at least this "
+        "many tokens, and at once when it ends (%(default)s; SGLang's own default 1 sends every step)",
+    )
     _add_api_key_arguments(parser)
     parser.add_argument(
         "--log-dir", type=Path, default=DEFAULT_LOG_DIR, help="one sglang-gpu<i>.log per GPU (%(default)s)"
@@ -202,6 +210,7 @@ def settings_from_args(args: argparse.Namespace) -> ServeSettings:
         context_length_tokens=args.context_length,
         max_running_requests=args.max_running_requests,
         mem_fraction_static=args.mem_fraction_static,
+        stream_interval_tokens=args.stream_interval,
         api_key=read_api_key(args.api_key_env, args.api_key_file, os.environ),
         log_dir=args.log_dir,
         sglang_executable=args.sglang_executable,

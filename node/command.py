@@ -33,6 +33,7 @@ CONTEXT_LENGTH = "--context-length"
 MAX_RUNNING_REQUESTS = "--max-running-requests"
 MEM_FRACTION_STATIC = "--mem-fraction-static"
 ENABLE_METRICS = "--enable-metrics"
+STREAM_INTERVAL = "--stream-interval"
 API_KEY = "--api-key"
 CONFIG = "--config"  # SGLang merges this YAML file's keys into its flags, in its own process
 SECRETS_FILE_SUFFIX = ".secrets.yaml"
@@ -53,6 +54,7 @@ MANAGED_FLAGS = frozenset(
         CONTEXT_LENGTH,
         MAX_RUNNING_REQUESTS,
         MEM_FRACTION_STATIC,
+        STREAM_INTERVAL,
         ENABLE_METRICS,
         API_KEY,
         SPECULATIVE_ALGORITHM,
@@ -120,6 +122,7 @@ def sglang_flags(settings: ServeSettings, gpu: int) -> list[str]:
         CONTEXT_LENGTH, str(settings.context_length_tokens),
         MAX_RUNNING_REQUESTS, str(settings.max_running_requests),
         MEM_FRACTION_STATIC, str(settings.mem_fraction_static),
+        STREAM_INTERVAL, str(settings.stream_interval_tokens),
         ENABLE_METRICS,
     ]  # fmt: skip
     speculative = settings.speculative

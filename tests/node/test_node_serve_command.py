@@ -98,6 +98,15 @@ def test_the_defaults_are_the_reference_workload() -> None:
     assert pairs["--host"] == "127.0.0.1"
     assert "--enable-metrics" in argv
     assert "--api-key" not in argv
+    assert pairs["--stream-interval"] == "32"  # a chunk every ~0.7 s a request, not every decode step
+
+
+def test_the_stream_interval_is_serves_own_option() -> None:
+    args = parse(["serve", "--model-path", "/m", "--stream-interval", "1", "--dry-run"])
+    assert args.stream_interval == 1
+    settings = ServeSettings(model_path="/m", served_model_name="m", gpus=(0,), stream_interval_tokens=1)
+    argv = build_command(settings, gpu=0).argv
+    assert dict(itertools.pairwise(argv))["--stream-interval"] == "1"
 
 
 def test_each_gpu_gets_its_own_device_port_and_log() -> None:
@@ -184,6 +193,8 @@ def test_dry_run_prints_one_shell_line_per_gpu_with_env_and_log(
         (["--model-path", "/m", "--gpus", "a-b"], "'a-b' is not an index or a range"),
         (["--model-path", "/m", "--base-port", "65530", "--gpus", "0-7"], "outside 1024-65535"),
         (["--model-path", "/m", "--max-running-requests", "0"], "--max-running-requests 0 must be 1 or more"),
+        (["--model-path", "/m", "--stream-interval", "0"], "--stream-interval 0 must be 1 or more"),
+        (["--model-path", "/m", "--", "--stream-interval", "1"], "use serve's own option"),
     ],
 )
 def test_bad_options_are_refused_with_a_message_naming_them(

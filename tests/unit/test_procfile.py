@@ -13,6 +13,7 @@ import sys
 from honcho.environ import parse_procfile
 
 from devstack.local_stack import PROJECT_ROOT
+from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS
 
 PROCESSES = parse_procfile((PROJECT_ROOT / "Procfile").read_text()).processes
 SIMULATED = parse_procfile((PROJECT_ROOT / "Procfile.simulated").read_text()).processes
@@ -56,6 +57,8 @@ def test_the_simulated_node_has_a_server_with_metrics_for_each_generate_worker()
     assert ports == {30000 + gpu for gpu in gpus} and len(gpus) == 2
     sims = [cmd for name, cmd in SIMULATED.items() if name.startswith("sim")]
     assert all("--enable-metrics" in cmd for cmd in sims)  # without /metrics, liveness cannot judge a server
+    # Chunked as `node serve` starts SGLang, so that the workers see the streams a real node sends.
+    assert all(f"--stream-interval {DEFAULT_STREAM_INTERVAL_TOKENS}" in cmd for cmd in sims)
 
 
 def test_the_node_runs_redis_one_uploader_and_flower() -> None:
