@@ -117,15 +117,15 @@ def wait_until_ready(
     `check` runs before every probe and may raise to stop waiting (the launcher uses it to notice a
     server process that died); `sleep` may return early (the launcher wakes it on SIGTERM).
     """
-    import openai
+    import openai  # a second or more on a loaded machine: the timeout counts from the first probe
 
-    end = deadline if deadline is not None else time.monotonic() + timeout_s
     with openai.OpenAI(
         base_url=f"{target.url.rstrip('/')}/v1",
         api_key=target.api_key or PLACEHOLDER_API_KEY,
         max_retries=0,
         timeout=CHAT_REQUEST_TIMEOUT_S,
     ) as client:
+        end = deadline if deadline is not None else time.monotonic() + timeout_s
         last: Probe | None = None
         while True:
             if check is not None:
