@@ -203,6 +203,10 @@ class Completion(Record, frozen=True):
     def as_turn(self) -> Turn:
         return Turn(**fields_of(self, KeptAnswer), max_tokens=self.sampling.max_tokens)
 
+    def output_tokens(self) -> int:
+        """The output tokens of every generated turn (what the run's stats and events count)."""
+        return sum(turn.usage.completion_tokens for turn in self.turns())
+
 
 class DeadLetterReason(enum.StrEnum):
     """Why a prompt will get no completion: a short, stable category (the message says the rest)."""

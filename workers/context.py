@@ -16,6 +16,7 @@ from core.records import Origin
 from core.run_settings.model import RunSettings
 from inference.client import SGLangClient
 from inference.server_probe import ServerProbe
+from workers.generate.batch_life import BatchLife
 from workers.generate.generation import GenerationEngine, RetryPolicy
 from workers.generate.server_record import ServerRecord
 from workers.generate.tails import BatchTails
@@ -28,6 +29,7 @@ from workers.recovery.seat import Seat, stop_this_process
 from workers.settings import WorkerSettings
 from workers.state.dispatch import Dispatcher
 from workers.state.ledger import gpu_label
+from workers.state.queues import GENERATE_TASK
 from workers.state.redis_client import connect, retry_briefly
 from workers.state.runs import load_run_settings
 
@@ -47,6 +49,7 @@ class WorkerContext:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.tails = BatchTails()
+        self.batch_life = BatchLife(GENERATE_TASK)  # its events reach Flower once a consumer attaches them
         self.redis = connect(settings.redis_url)
         self.origin = Origin(host=settings.hostname, gpu=settings.gpu, server_url=settings.server_url)
         # Taken at worker_init on generate workers only (seating.py); its token marks this process's leases.

@@ -39,17 +39,28 @@ def register_tasks(app: Celery, contexts: ContextHolder) -> None:
             context.dispatch_generate(run, batch_id, countdown_s=0.0)
         return asdict(report)
 
-    @app.task(name=GENERATE_TASK, bind=True, max_retries=None, shared=False)
+    # Celery's own events would show the message's few milliseconds; the batch's life is told instead
+    # (workers/generate/batch_life.py), under the same task id.
+    @app.task(name=GENERATE_TASK, bind=True, max_retries=None, shared=False, send_events=False)
     def generate(self: Task, run: str, batch_id: str) -> dict[str, Any]:
+        context = contexts.get()
+        task_id = self.request.id
+        context.batch_life.began(task_id, run, batch_id, retries=self.request.retries)
         try:
-            report = handle_generate(contexts.get(), run, batch_id)
+            report = handle_generate(context, run, batch_id, task_id=task_id)
         except RetryLater as error:
             log.warning("batch %s of run %s: %s; retrying in %.0f s", batch_id, run, error, error.delay_s)
+            context.batch_life.retried(task_id, f"{error}; again in {error.delay_s:.0f} s")
             resumed = {"priority": RESUMED_BATCH_PRIORITY} if error.resumed else {}  # else its own
             raise self.retry(countdown=error.delay_s, **resumed) from error
-        except RunBroken:
+        except RunBroken as error:
             log.exception("batch %s names a broken run; dropping the message", batch_id)
+            context.batch_life.failed(task_id, f"{type(error).__name__}: {error}")
             raise
+        if report.given_up:
+            context.batch_life.failed(task_id, report.note)
+        elif not report.detached:  # else its tail tells the end (workers/generate/batches.py)
+            context.batch_life.succeeded(task_id, report.summary())
         if report.handed_over:
             flush.apply_async(args=[run])  # the uploader decides whether a part is due
         return asdict(report)

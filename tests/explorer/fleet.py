@@ -61,6 +61,7 @@ from workers.broker.message_check import why_malformed
 from workers.broker.parked_messages import park, parked_message
 from workers.context import WorkerContext
 from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
+from workers.generate.batch_life import BatchLife
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.record.manifest import MANIFEST_PREFIX
@@ -88,6 +89,7 @@ from workers.state.poison import (
 from workers.state.protocol import LIBRARY
 from workers.state.queues import (
     GENERATE_QUEUE,
+    GENERATE_TASK,
     KOMBU_PRIORITY_STEPS,
     KOMBU_UNACKED_INDEX_KEY,
     KOMBU_UNACKED_KEY,
@@ -449,6 +451,7 @@ class HarnessContext:
         self.settings = WorkerSettings()
         self.engine = ModelledServer(worker)
         self.tails = worker.detached
+        self.batch_life = BatchLife(GENERATE_TASK)  # no dispatcher: its events go nowhere
         self.server_record = ModelledServerRecord(self.engine.origin)
 
     def run_settings(self, run: str) -> RunSettings:

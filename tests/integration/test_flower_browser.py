@@ -1,8 +1,10 @@
-"""Flower seen in a real browser during a real run: both queues, and workers that have done work.
+"""Flower seen in a real browser during a real run: both queues, batches for their whole life on the GPU
+that holds them, and each GPU's output rates beside `producer status`'s.
 
 A run on two slow simulated GPUs (a generate worker each, plus the uploader) keeps the queues busy
 for about half a minute; Flower watches it, and headless Chromium loads its pages. The pages are read
-from the DOM Chromium rendered (after Flower's scripts ran), and Flower's API cross-checks them.
+from the DOM Chromium rendered (after Flower's scripts ran), and Flower's API cross-checks them. With
+DOC_SCREENSHOTS=<folder>, the pages' screenshots are kept there (docs/observability.md's).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +26,8 @@ import pytest
 from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until
 from tests.support import prompt_files
 from tests.support.stack import Stack, simulators
+from workers.bootsteps.heartbeat_step import STATS_PREFIX
+from workers.state.heartbeats import HEARTBEAT_TTL_S
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
 
 pytestmark = pytest.mark.integration
@@ -50,6 +55,12 @@ WORK_DONE_TIMEOUT_S = 40
 API_TIMEOUT_S = 10
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIN_SCREENSHOT_BYTES = 10_000
+SCREENSHOTS_VARIABLE = "DOC_SCREENSHOTS"
+# A batch of 8 requests of ~2,000 tokens at 10 × a GPU's speed lives seconds; its message is acknowledged in
+# milliseconds, which is what Flower showed before batches told their life.
+LEAST_BATCH_LIFE_S = 1.0
+HTTP_OK = 200
+RATE_AGREEMENT = 0.10  # the worker's count and status's are a second apart over a window of half a minute
 
 
 def chromium_or_skip() -> str:
@@ -85,6 +96,7 @@ class Browser:
     def screenshot(self, url: str, path: Path) -> Path:
         self._run(
             f"--virtual-time-budget={JS_BUDGET_MS}",
+            "--run-all-compositor-stages-before-draw",  # a tab's fade-in ends before the picture
             f"--window-size={WINDOW_SIZE}",
             f"--screenshot={path}",
             url,
@@ -192,10 +204,38 @@ def succeeded_by_worker(base: str) -> dict[str, set[str]]:
     return finished
 
 
+def generate_tasks(base: str, state: str) -> list[dict[str, Any]]:
+    tasks = flower_api(base, f"/api/tasks?state={state}&taskname={GENERATE_TASK}")
+    return list(tasks.values())
+
+
+def gpu_figures_in_flower(base: str) -> dict[str, dict[str, Any]]:
+    """What each generate worker's page shows under "Other" (its `inspect stats`, `draftgen_<figure>`
+    rows), by GPU label."""
+    workers = flower_api(base, "/api/workers?refresh=1")
+    figures = [
+        {
+            key.removeprefix(STATS_PREFIX): value
+            for key, value in node["stats"].items()
+            if key.startswith(STATS_PREFIX)
+        }
+        for node in workers.values()
+        if "stats" in node
+    ]
+    return {figure["gpu"]: figure for figure in figures if figure}
+
+
+def screenshots_folder(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get(SCREENSHOTS_VARIABLE) or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def test_flower_shows_both_queues_and_busy_workers_during_a_run(
     running_stack: Stack, flower: str, tmp_path: Path
 ) -> None:
     browser = Browser(chromium_or_skip(), tmp_path / "chromium-profile")
+    shots = screenshots_folder(tmp_path)
     names = worker_names(running_stack)
     generator_prefixes = [prefix for role, prefix in names.items() if role != "upload"]
     # Given a run of 480 prompts in batches of 8 on two slow GPUs, watched by Flower
@@ -210,6 +250,36 @@ def test_flower_shows_both_queues_and_busy_workers_during_a_run(
         return all(any(worker.startswith(prefix) for worker in finished) for prefix in names.values())
 
     wait_until(every_worker_finished_a_task, timeout_s=WORK_DONE_TIMEOUT_S, what="a finished task per worker")
+
+    # Then the Tasks page lists batches in flight (started, not finished) on the GPUs that hold them
+    wait_until(
+        lambda: bool(generate_tasks(flower, "STARTED")), timeout_s=API_TIMEOUT_S, what="a batch in flight"
+    )
+    in_flight = Tables(browser.dom(f"{flower}/tasks?state=STARTED&name={GENERATE_TASK}"))
+    columns = in_flight.header("State")
+    rows = in_flight.body_rows()
+    assert rows, "no batch in flight on the Tasks page"
+    for row in rows:
+        assert (row[columns.index("Name")], row[columns.index("State")]) == (GENERATE_TASK, "STARTED"), row
+        assert any(row[columns.index("Worker")].startswith(prefix) for prefix in generator_prefixes), row
+    browser.screenshot(f"{flower}/tasks?name={GENERATE_TASK}", shots / "flower-tasks.png")
+
+    # And a finished batch's runtime is its whole life, its result its figures
+    finished = generate_tasks(flower, "SUCCESS")
+    assert all(task["runtime"] >= LEAST_BATCH_LIFE_S for task in finished), [t["runtime"] for t in finished]
+    assert all("generated" in task["result"] for task in finished), finished[0]
+    browser.screenshot(f"{flower}/tasks?state=SUCCESS&name={GENERATE_TASK}", shots / "flower-tasks-done.png")
+
+    # And each GPU's page shows its output over the last minute, as `producer status` counts it
+    shown = gpu_figures_in_flower(flower)
+    status = json.loads(running_stack.producer("status", "--run", RUN, "--json").stdout)
+    counted = {row["worker"]: row["output_tokens_per_s"] for row in status["gpus"]}
+    assert set(shown) == set(counted), (shown, counted)
+    flower_total = sum(figure["output_tokens_per_s"] for figure in shown.values())
+    assert flower_total == pytest.approx(sum(counted.values()), rel=RATE_AGREEMENT), (shown, counted)
+    assert all(
+        figure["server_health"] == HTTP_OK and figure["suspended"] == "no" for figure in shown.values()
+    )
 
     # Then the Broker page lists both queues, batches still waiting in `generate`: the run is going on
     broker = Tables(browser.dom(f"{flower}/broker"))
@@ -255,7 +325,60 @@ def test_flower_shows_both_queues_and_busy_workers_during_a_run(
         assert consumed == {UPLOAD_QUEUE if role == "upload" else GENERATE_QUEUE}, (role, consumed)
         assert api_workers[node]["stats"]["total"].get(task, 0) > 0, (role, api_workers[node]["stats"])
 
-    # And a screenshot of the Workers page is saved
-    shot = browser.screenshot(f"{flower}/workers", tmp_path / "flower-workers.png")
-    assert shot.read_bytes().startswith(PNG_SIGNATURE)
-    assert shot.stat().st_size > MIN_SCREENSHOT_BYTES
+    # And screenshots of the Workers, Broker and a GPU's worker page are saved
+    gpu0 = next(node for node in api_workers if node.startswith(generator_prefixes[0]))
+    for page, name in (("workers", "flower-workers.png"), ("broker", "flower-broker.png")):
+        shot = browser.screenshot(f"{flower}/{page}", shots / name)
+        assert shot.read_bytes().startswith(PNG_SIGNATURE)
+        assert shot.stat().st_size > MIN_SCREENSHOT_BYTES
+    gpu_page = browser.dom(f"{flower}/worker/{gpu0}")
+    assert f"{STATS_PREFIX}output_tokens_per_s" in gpu_page  # its "Other" tab, a row a figure
+    assert f"{STATS_PREFIX}completions_per_minute" in gpu_page
+    browser.screenshot(f"{flower}/worker/{gpu0}#tab-other", shots / "flower-gpu-worker.png")
+
+
+def test_a_worker_whose_server_went_down_shows_its_batches_handed_back_not_succeeding(
+    running_stack: Stack, flower: str, tmp_path: Path
+) -> None:
+    # Given a run on two GPUs, watched by Flower, with batches in flight on both
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "down")]
+    )
+    running_stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", str(BATCH_SIZE))
+    down_gpu, down_prefix = 1, f"{running_stack.generators[1].name}@"
+
+    def held_on(prefix: str) -> bool:
+        return any(task["worker"].startswith(prefix) for task in generate_tasks(flower, "STARTED"))
+
+    wait_until(lambda: held_on(down_prefix), timeout_s=WORK_DONE_TIMEOUT_S, what="a batch on GPU 1")
+
+    # When GPU 1's server goes down
+    down_url = running_stack.sims[down_gpu].url
+    running_stack.sims[down_gpu].stop()
+    went_down_at = time.time()
+
+    # Then its batches show as handed back, naming the server, on its worker
+    def handed_back() -> list[dict[str, Any]]:
+        return [t for t in generate_tasks(flower, "RETRY") if str(t["worker"]).startswith(down_prefix)]
+
+    wait_until(lambda: bool(handed_back()), timeout_s=WORK_DONE_TIMEOUT_S, what="a batch handed back")
+    assert all(down_url in str(task["exception"]) for task in handed_back()), handed_back()
+
+    # And no batch of its succeeds after the server went down; the other GPU's still do
+    def succeeded_after(prefix: str) -> list[dict[str, Any]]:
+        return [
+            task
+            for task in generate_tasks(flower, "SUCCESS")
+            if str(task["worker"]).startswith(prefix) and float(task["succeeded"]) > went_down_at + 1.0
+        ]
+
+    up_prefix = f"{running_stack.generators[0].name}@"
+    wait_until(lambda: bool(succeeded_after(up_prefix)), timeout_s=WORK_DONE_TIMEOUT_S, what="GPU 0 going on")
+    assert succeeded_after(down_prefix) == []
+
+    # And its page says its server does not answer (from its next heartbeat's probe on)
+    def server_shown_down() -> bool:
+        figures = next(f for f in gpu_figures_in_flower(flower).values() if f["server"] == down_url)
+        return bool(figures["server_health"] != HTTP_OK or figures["suspended"] != "no")
+
+    wait_until(server_shown_down, timeout_s=HEARTBEAT_TTL_S, what="GPU 1's page to show its server down")

@@ -12,10 +12,12 @@ import redis
 from core.records import Origin, Prompt, SamplingSettings
 from core.run_settings.model import RunSettings
 from tests.support.records import completion
+from workers.generate.batch_life import BatchLife
 from workers.generate.batches import BatchReport, handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
 from workers.recovery.leases import LeaseKeeper
 from workers.settings import WorkerSettings
+from workers.state.queues import GENERATE_TASK
 
 LABEL = "node-a/gpu0"
 ORIGIN = Origin(host="node-a", gpu=0, server_url="http://instant")
@@ -70,6 +72,7 @@ class InstantWorker:
         self.engine = InstantEngine()
         self.leases = LeaseKeeper(client, worker=LABEL)
         self.tails = None
+        self.batch_life = BatchLife(GENERATE_TASK)  # no dispatcher: its events go nowhere
         self.server_record = _ServerRecord()
         self.dispatched: list[str] = []
         self._run_settings = settings

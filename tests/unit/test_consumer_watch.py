@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import redis
 
+from tests.support.clock import ManualClock
 from workers.recovery.consumer_watch import (
     EXIT_NOT_CONSUMING,
     ConsumerFigures,
@@ -15,14 +16,6 @@ from workers.state.queues import GENERATE_QUEUE
 
 LIMIT_S = 120.0
 LABEL = "node-a/gpu0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def idle_beside(waiting: int | None) -> ConsumerFigures:
@@ -50,7 +43,7 @@ def test_holding_a_request_an_empty_queue_or_a_hung_server_is_not_deafness_and_s
         assert judge.observe(60.0, idle_beside(5)) == 0.0
 
 
-def watch_over(client: redis.Redis, clock: Clock, held: list[int], exits: list[int]) -> ConsumerWatch:
+def watch_over(client: redis.Redis, clock: ManualClock, held: list[int], exits: list[int]) -> ConsumerWatch:
     return ConsumerWatch(
         client,
         LABEL,
@@ -67,7 +60,7 @@ def test_a_worker_deaf_past_the_limit_leaves_a_note_for_status_and_exits_to_be_r
 ) -> None:
     # Given batches waiting in the generate queue and a worker that holds none of them
     redis_client.rpush(GENERATE_QUEUE, b"batch-1", b"batch-2")
-    clock, held, exits = Clock(), [0], list[int]()
+    clock, held, exits = ManualClock(), [0], list[int]()
     watch = watch_over(redis_client, clock, held, exits)
 
     # When it takes nothing for just under the limit, it only warns
@@ -88,7 +81,7 @@ def test_a_worker_deaf_past_the_limit_leaves_a_note_for_status_and_exits_to_be_r
 
 def test_a_worker_that_takes_a_batch_before_the_limit_keeps_running(redis_client: redis.Redis) -> None:
     redis_client.rpush(GENERATE_QUEUE, b"batch-1")
-    clock, held, exits = Clock(), [0], list[int]()
+    clock, held, exits = ManualClock(), [0], list[int]()
     watch = watch_over(redis_client, clock, held, exits)
     watch.check()
     clock.now += LIMIT_S - 1

@@ -6,20 +6,13 @@ import io
 from collections.abc import Iterator
 
 from producer.progress_lines import ProgressLines
+from tests.support.clock import ManualClock
 
 INTERVAL_S = 5.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_work_that_ends_within_the_interval_prints_nothing() -> None:
-    clock, out = FakeClock(), io.StringIO()
+    clock, out = ManualClock(0.0), io.StringIO()
     lines = ProgressLines("read rows", interval_s=INTERVAL_S, clock=clock, stream=out)
     for done in range(1, 1000):
         clock.now += 0.001
@@ -29,7 +22,7 @@ def test_work_that_ends_within_the_interval_prints_nothing() -> None:
 
 
 def test_long_work_prints_one_line_per_interval_and_a_last_one_with_the_total() -> None:
-    clock, out = FakeClock(), io.StringIO()
+    clock, out = ManualClock(0.0), io.StringIO()
     lines = ProgressLines("verified manifest entries", interval_s=INTERVAL_S, clock=clock, stream=out)
     for done in range(1, 13):
         clock.now += 1.0
@@ -43,7 +36,7 @@ def test_long_work_prints_one_line_per_interval_and_a_last_one_with_the_total() 
 
 
 def test_counted_items_pass_through_unchanged_while_they_are_counted() -> None:
-    clock, out = FakeClock(), io.StringIO()
+    clock, out = ManualClock(0.0), io.StringIO()
     lines = ProgressLines("read rows", interval_s=INTERVAL_S, clock=clock, stream=out)
 
     def slow_rows() -> Iterator[int]:

@@ -10,6 +10,7 @@ from celery.exceptions import Retry
 
 from workers.app import make_app
 from workers.errors import RetryLater
+from workers.generate.batch_life import BatchLife
 from workers.settings import WorkerSettings
 from workers.state.queues import FLUSH_TASK, GENERATE_TASK
 
@@ -29,6 +30,7 @@ class StoppingContext:
         self.stopping = threading.Event()
         self.stopping.set()
         self.uploader = WaitingUploader()
+        self.batch_life = BatchLife(GENERATE_TASK)
 
     def close(self) -> None:
         pass

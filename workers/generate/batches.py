@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import threading
 
     from core.run_settings.model import RunSettings
+    from workers.generate.batch_life import BatchLife
     from workers.generate.generation import GenerationEngine
     from workers.generate.server_record import ServerRecord
     from workers.generate.tails import BatchTails
@@ -49,6 +50,7 @@ class BatchContext(Protocol):
     redis: redis.Redis
     stopping: threading.Event
     tails: BatchTails
+    batch_life: BatchLife
 
     @property
     def settings(self) -> BatchWorkerSettings: ...
@@ -84,20 +86,32 @@ class BatchReport:
     skipped: int
     note: str = ""
     turns: int = 0  # the requests the batch's prompts take at least: a conversation one per user turn
+    output_tokens: int = 0  # of the completions generated
+    detached: bool = False  # every prompt sent, the last requests still running: its tail settles it
+    given_up: bool = False  # its prompts dead-lettered after repeated failures
 
     @property
     def handed_over(self) -> bool:
         return bool(self.generated or self.dead_lettered)
+
+    def summary(self) -> str:
+        """The batch's end in one line, as Flower shows a task's result."""
+        counts = (
+            f"{self.generated} generated ({self.output_tokens:,} output tokens), "
+            f"{self.dead_lettered} dead-lettered, {self.skipped} already done, of {self.prompts} prompts"
+        )
+        return f"{counts}; {self.note}" if self.note else counts
 
 
 def _nothing(batch_id: str, note: str) -> BatchReport:
     return BatchReport(batch_id, prompts=0, generated=0, dead_lettered=0, skipped=0, note=note)
 
 
-def handle_generate(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
-    """The whole of one generate message, errors mapped: RetryLater, RunBroken, or a report."""
+def handle_generate(ctx: BatchContext, run: str, batch_id: str, *, task_id: str = "") -> BatchReport:
+    """The whole of one generate message, errors mapped: RetryLater, RunBroken, or a report. A detached
+    report's batch is settled later, its end told to `ctx.batch_life` under `task_id`."""
     try:
-        return process_batch(ctx, run, batch_id)
+        return process_batch(ctx, run, batch_id, task_id=task_id)
     except (RetryLater, RunBroken):
         raise
     except redis.RedisError as error:  # the coordination point is away: not the batch's fault
@@ -112,13 +126,21 @@ def _count_failure(ctx: BatchContext, run: str, batch_id: str, error: Exception)
         failures = int(ctx.redis.hincrby(RunLedger(ctx.redis, run).keys.batch_failures, batch_id, 1))
         if failures >= MAX_BATCH_FAILURES:
             given_up = dead_letter_batch(ctx, run, batch_id, f"{type(error).__name__}: {error}")
-            return BatchReport(batch_id, prompts=given_up, generated=0, dead_lettered=given_up, skipped=0)
+            return BatchReport(
+                batch_id,
+                prompts=given_up,
+                generated=0,
+                dead_lettered=given_up,
+                skipped=0,
+                note=f"given up after {failures} failures: {type(error).__name__}: {error}",
+                given_up=True,
+            )
     except redis.RedisError as redis_error:  # counted or not, the batch comes back
         log.warning("could not count the failure of batch %s: %s", batch_id, redis_error)
     raise RetryLater(f"{type(error).__name__}: {error}", delay_s=UNEXPECTED_ERROR_RETRY_S) from error
 
 
-def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
+def process_batch(ctx: BatchContext, run: str, batch_id: str, *, task_id: str = "") -> BatchReport:
     """Generate what the batch still needs under its lease."""
     if ctx.stopping.is_set():
         raise RetryLater("worker shutting down", delay_s=HAND_BACK_NOW_S)
@@ -141,7 +163,7 @@ def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
         log.info("batch %s of run %s: another worker is generating it", batch_id, run)
         return _nothing(batch_id, "held by another worker")
     try:
-        return _generate_leased(ctx, ledger, lease)
+        return _generate_leased(ctx, ledger, lease, task_id)
     except RetryLater as error:  # a hand-back gave the lease up; anything else asking to retry did not
         ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         raise
@@ -156,7 +178,7 @@ def process_batch(ctx: BatchContext, run: str, batch_id: str) -> BatchReport:
         raise
 
 
-def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> BatchReport:
+def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease, task_id: str) -> BatchReport:
     run, batch_id = lease.run, lease.batch_id
     blob = ctx.redis.get(ledger.keys.batch(batch_id))
     if blob is None:  # finished between the lease and now
@@ -177,7 +199,7 @@ def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> Batc
     job.wait_sent()
     if job.done.done() or ctx.stopping.is_set():  # a stopping worker hands back through Celery's retry
         return _settle(ctx, lease, batch, len(pending), job.outcome())
-    ctx.tails.detach(job.done, lambda done: _settle_tail(ctx, lease, batch, len(pending), done))
+    ctx.tails.detach(job.done, lambda done: _settle_tail(ctx, lease, batch, len(pending), done, task_id))
     skipped = len(batch.prompts) - len(pending)
     note = "every prompt sent; the last requests finish after this message"
     return BatchReport(
@@ -188,6 +210,7 @@ def _generate_leased(ctx: BatchContext, ledger: RunLedger, lease: Lease) -> Batc
         skipped=skipped,
         note=note,
         turns=sum(p.turn_count for p in batch.prompts),
+        detached=True,
     )
 
 
@@ -217,25 +240,34 @@ def _settle(
         dead_lettered=outcome.dead_lettered,
         skipped=len(batch.prompts) - pending + outcome.already_handled,
         turns=sum(p.turn_count for p in batch.prompts),
+        output_tokens=outcome.output_tokens,
     )
     log.info("run %s %s", run, report)
     return report
 
 
 def _settle_tail(
-    ctx: BatchContext, lease: Lease, batch: PromptBatch, pending: int, done: Future[BatchOutcome]
+    ctx: BatchContext,
+    lease: Lease,
+    batch: PromptBatch,
+    pending: int,
+    done: Future[BatchOutcome],
+    task_id: str = "",
 ) -> None:
     """A detached batch's last prompt settled. Its message is gone: a hand-back sends a new one."""
     run, batch_id = lease.run, lease.batch_id
+    life = ctx.batch_life
     try:
         report = _settle(ctx, lease, batch, pending, done.result())
     except RetryLater as error:
         log.warning("batch %s of run %s: %s; dispatched again in %.0f s", batch_id, run, error, error.delay_s)
         ctx.leases.release_if_held(lease, delay_s=error.delay_s)
         ctx.dispatch_generate(run, batch_id, countdown_s=error.delay_s, resumed=error.resumed)
+        life.retried(task_id, f"{error}; dispatched again in {error.delay_s:.0f} s")
         return
-    except redis.RedisError:
+    except redis.RedisError as error:
         ctx.leases.release_soon(lease, delay_s=REDIS_UNREACHABLE_RETRY_S)  # the reconciler sends it again
+        life.retried(task_id, f"Redis unreachable ({error}); dispatched again once its lease runs out")
         raise
     except Exception as error:
         ctx.leases.release_soon(lease, delay_s=UNEXPECTED_ERROR_RETRY_S)
@@ -243,9 +275,14 @@ def _settle_tail(
             report = _count_failure(ctx, run, batch_id, error)
         except RetryLater as retry:
             ctx.dispatch_generate(run, batch_id, countdown_s=retry.delay_s)
+            life.retried(task_id, f"{retry}; dispatched again in {retry.delay_s:.0f} s")
             return
     if report.handed_over:
         ctx.dispatch_flush(run)
+    if report.given_up:
+        life.failed(task_id, report.note)
+    else:
+        life.succeeded(task_id, report.summary())
 
 
 def _hand_back(ctx: BatchContext, lease: Lease, why: str, *, delay_s: float) -> BatchReport:

@@ -48,6 +48,7 @@ from inference.quality import label_completion
 from inference.sglang_defaults import BUDGET_GROWTH_FACTOR
 from workers.errors import RecordTooLarge
 from workers.generate.liveness import Outage
+from workers.generate.recent_output import RecentOutput
 from workers.generate.silence import DEFAULT_SILENCE_LIMIT_S, SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Steadiness, TrialSettings
 from workers.generate.tribunal import Tribunal
@@ -142,6 +143,7 @@ class RetryPolicy:
 @dataclass
 class BatchOutcome:
     staged: int = 0
+    output_tokens: int = 0  # of the completions staged
     dead_lettered: int = 0
     already_handled: int = 0
     unreachable: list[str] = field(default_factory=list)  # prompt ids left for a later delivery
@@ -272,6 +274,7 @@ class GenerationEngine:
             lambda: self._slot(alone=True),
         )
         self._in_flight: set[asyncio.Task[ChatResult]] = set()
+        self.recent_output = RecentOutput()  # what it staged over the last minute (Flower's worker page)
         self._suspects_waiting = 0
         self._suspended_because: str | None = None
         self._outage: Outage | None = None
@@ -309,6 +312,11 @@ class GenerationEngine:
     @property
     def suspended(self) -> bool:
         return self._suspended_because is not None
+
+    @property
+    def suspended_because(self) -> str | None:
+        """Why the engine sends nothing (its server hung or down), or None while it sends."""
+        return self._suspended_because
 
     def suspend(self, reason: str, outage: Outage | None = None) -> None:
         """Stop sending requests and abandon those in flight: their prompts go back with their batches.
@@ -464,9 +472,14 @@ class GenerationEngine:
     async def _stage(self, job: _Job, prompt: Prompt, completion: Completion) -> None:
         """Hand the completion over; one past the record limit is dead-lettered (it would never commit)."""
         try:
-            await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
+            staged = await self._hand_over(job.handover.stage, completion, job.outcome, dead=False)
         except RecordTooLarge as error:
             await self._dead_letter(job, prompt, REASON_TOO_LARGE, str(error), attempts=completion.attempt)
+            return
+        if staged:
+            tokens = completion.output_tokens()
+            job.outcome.output_tokens += tokens
+            self.recent_output.record(tokens)
 
     async def _dropped(self, job: _Job, prompt: Prompt, completion: Completion) -> bool:
         """Dead-letter a completion truncated in thinking when the run's policy drops those."""
@@ -744,13 +757,16 @@ class GenerationEngine:
 
     async def _hand_over(
         self, write: Callable[[R], bool], record: R, outcome: BatchOutcome, *, dead: bool
-    ) -> None:
+    ) -> bool:
+        """Write the record and count it; whether it was written (False: the prompt had one already)."""
         if not await self._in_thread(write, record):
             outcome.already_handled += 1
-        elif dead:
+            return False
+        if dead:
             outcome.dead_lettered += 1
         else:
             outcome.staged += 1
+        return True
 
     def close(self) -> None:
         self._call(self._silence.close())

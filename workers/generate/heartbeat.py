@@ -67,6 +67,7 @@ class HeartbeatPublisher:
         self._interval_s = interval_s
         self._ttl_s = ttl_s
         self._beater = PeriodicThread("draftgen-heartbeat", interval_s, self.beat, first_at_once=True)
+        self.last_beat: WorkerHeartbeat | None = None  # what the last beat wrote (Flower's view reads it)
 
     def beat(self) -> WorkerHeartbeat:
         """Take the figures and write them once."""
@@ -85,6 +86,7 @@ class HeartbeatPublisher:
             updated_at=time.time(),
             interval_s=self._interval_s,
         )
+        self.last_beat = beat
         self._client.set(self._key, encode_heartbeat(beat), ex=self._ttl_s)
         return beat
 

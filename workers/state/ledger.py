@@ -115,7 +115,7 @@ class RunLedger:
             compress(record),
             quality_field(completion.quality.value),
             finish_field(completion.finish_reason),
-            sum(turn.usage.completion_tokens for turn in turns),
+            completion.output_tokens(),
             sum(turn.usage.reasoning_tokens for turn in turns),
             sum(turn.usage.prompt_tokens for turn in turns),
             gpu_label(completion.origin),
