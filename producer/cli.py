@@ -28,7 +28,8 @@ HELP_EPILOG = """examples:
   python -m producer enqueue s3://bucket/data/train.parquet --run qwen-think-v1   # again: adds only new
   python -m producer verify --run qwen-think-v1
   python -m producer gc --run qwen-think-v1 --dry-run
-  python -m producer recover --run qwen-think-v1 --output s3://bucket/runs/qwen-think-v1   # Redis lost
+  python -m producer recover --run qwen-think-v1 --output s3://bucket/runs/qwen-think-v1 \
+      --requeue s3://bucket/data/train.parquet   # Redis lost: rebuilt from the output, the rest queued
   python -c "import pandas as pd, sys; print(pd.concat(map(pd.read_parquet, sys.argv[1:])))" \
       $(python -m producer files --run qwen-think-v1)
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from core.exit_codes import EXIT_FAILED, EXIT_OK
+from intake.data_files import check_data
 from producer.progress_lines import ProgressLines
 from producer.run_access import checked_output_store, connect_redis, require_run
 from producer.settings import ProducerSettings
@@ -41,8 +42,11 @@ def cmd_verify(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
 
 def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
-
+    """Rebuild the run's Redis state from its output; with --requeue, enqueue its data again, as
+    `enqueue DATA --run RUN` would: one command after Redis was lost altogether."""
     run = check_run_name(args.run)
+    for data in args.requeue:  # a missing input is said before anything is written
+        check_data(data)
     store = checked_output_store(normalise_output(args.output))
     client = connect_redis(args, settings)
     report = recover_run(client, store, run)
@@ -54,8 +58,27 @@ def cmd_recover(args: argparse.Namespace, settings: ProducerSettings) -> int:
     print(f"fingerprints        {report.fingerprints} (explicit ids: a changed row is told from a duplicate)")
     print(f"dead letters        {report.dead_letters}")
     print(f"rejected rows       {report.rejected_rows}")
-    print("Re-run `enqueue` with the run's data: it queues only what was never committed.")
+    if not args.requeue:
+        print(
+            "Re-run `enqueue` with the run's data (or this command with --requeue DATA): it queues only what "
+            "was never committed."
+        )
+        return EXIT_OK
+    for data in args.requeue:
+        print(f"enqueue {data} again, into run {run}:")
+        code = enqueue_again(args, settings, run, data)
+        if code != EXIT_OK:
+            return code
     return EXIT_OK
+
+
+def enqueue_again(args: argparse.Namespace, settings: ProducerSettings, run: str, data: str) -> int:
+    """`enqueue DATA --run RUN` with the run's pinned settings, through the same command and checks."""
+    from producer.cli import build_parser  # the whole command line only when it is needed
+    from producer.enqueue.command import cmd_enqueue
+
+    redis_url = ["--redis-url", args.redis_url] if args.redis_url else []
+    return cmd_enqueue(build_parser().parse_args([*redis_url, "enqueue", data, "--run", run]), settings)
 
 
 def cmd_files(args: argparse.Namespace, settings: ProducerSettings) -> int:

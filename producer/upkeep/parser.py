@@ -35,6 +35,14 @@ def register(commands: Any) -> None:
     recover.add_argument(
         "--output", dest="output", required=True, help="the run's s3://bucket/prefix or folder"
     )
+    recover.add_argument(
+        "--requeue",
+        nargs="+",
+        default=[],
+        metavar="DATA",
+        help="then enqueue the run's data again (files, folders, s3:// URLs, as given to enqueue): only what "
+        "was never committed is queued; every input is checked before anything is written",
+    )
     recover.set_defaults(handler=Deferred("producer.upkeep.command", "cmd_recover"))
 
     files = commands.add_parser(

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from core.exit_codes import EXIT_USAGE
 from devstack.local_stack import celery_worker, wait_until
 from inference.simulator import SimulatorProcess
 from producer.upkeep.gc import collect_orphans
@@ -146,7 +147,7 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     assert stack.verify(run).returncode == 0
 
 
-def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_run(
+def test_losing_redis_loses_no_committed_work_one_recover_command_finishes_the_run(
     stack: Stack, tmp_path: Path
 ) -> None:
     # Given a run half-way, some of it committed
@@ -171,15 +172,20 @@ def test_losing_redis_loses_no_committed_work_recover_and_re_enqueue_finish_the_
     }
     assert 40 <= len(committed_before) < 160
     client.flushdb()
-    # Then recover rebuilds the committed state from the output alone
-    recovered = stack.producer("recover", "--run", run, "--output", str(output))
+    # Then one command naming a missing input refuses before it writes anything
+    refused = stack.producer("recover", "--run", run, "--output", str(output), "--requeue", "nope.jsonl")
+    assert refused.returncode == EXIT_USAGE, refused.stderr
+    assert "nope.jsonl" in refused.stderr and "Traceback" not in refused.stderr
+    assert client.dbsize() == 0
+    # And with the run's data, it rebuilds the committed state from the output alone and queues only what
+    # was never committed
+    recovered = stack.producer("recover", "--run", run, "--output", str(output), "--requeue", str(data))
     assert recovered.returncode == 0, recovered.stderr
     assert ledger.counts().done == len(committed_before)
-    # And re-enqueueing the same data queues only what was never committed, and the run finishes once
+    assert f"requeued            {160 - len(committed_before)} " in recovered.stdout, recovered.stdout
+    # And the workers started again finish the run, each prompt committed once
     stack.start_generator(0)
     stack.start_uploader()
-    again = stack.enqueue(data, run)
-    assert f"requeued            {160 - len(committed_before)} " in again, again
     stack.wait_finished(run, timeout_s=120)
     result = stack.verify(run)
     assert result.returncode == 0, result.stdout
