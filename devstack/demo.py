@@ -39,6 +39,7 @@ from inference.simulator import SimulatorProcess, SimulatorSettings
 from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS
 from workers.settings import redacted_url
 from workers.state.ledger import RunLedger
+from workers.state.redis_client import client_for
 
 SAMPLE_DATA = PROJECT_ROOT / "producer" / "data" / "sample.jsonl"
 DEFAULT_WORKDIR = Path(".demo")
@@ -187,7 +188,7 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         enqueue_args = ["enqueue", str(args.data), "--run", run, "--output", str(output), *options]
         if producer_main(enqueue_args) != 0:
             return EXIT_FAILED
-        wait_for_run(redis.Redis.from_url(redis_url), run, console)
+        wait_for_run(client_for(redis_url), run, console)
         console.print(f"\n$ python -m producer verify --run {run}")
         verified = producer_main(["verify", "--run", run])
         console.print(

@@ -17,6 +17,7 @@ from workers.errors import RecordUnreadable, UnsupportedStoreUrl
 from workers.record.object_store import ObjectStore
 from workers.record.storage import check_output_folder, open_store
 from workers.state.keys import RUNS_KEY, RunKeys
+from workers.state.redis_client import client_for
 from workers.state.runs import decode_run_settings
 
 
@@ -27,7 +28,7 @@ def chosen_redis_url(args: argparse.Namespace, settings: ProducerSettings) -> st
 
 def connect_redis(args: argparse.Namespace, settings: ProducerSettings) -> redis.Redis:
     """A client whose Redis answered: a wrong URL or password fails here, before anything is done."""
-    client = redis.Redis.from_url(chosen_redis_url(args, settings))
+    client = client_for(chosen_redis_url(args, settings))
     client.ping()
     return client
 

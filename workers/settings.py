@@ -74,6 +74,7 @@ SHOWN_QUERY_KEYS = frozenset(
         "socket_connect_timeout",
         "health_check_interval",
         "client_name",
+        "master_name",  # the name a Sentinel URL's primary is monitored by
     }
 )
 REDACTED = "***"

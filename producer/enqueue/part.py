@@ -15,7 +15,6 @@ import sys
 import traceback
 
 import msgspec
-import redis
 
 from producer.enqueue.enqueuer import Enqueuer
 from producer.enqueue.processes import (
@@ -30,6 +29,7 @@ from producer.enqueue.publisher import BatchPublisher
 from producer.errors import ProducerError, as_producer_error, lower_errors
 from workers.broker.broker import sending_app
 from workers.record.storage import open_store
+from workers.state.redis_client import client_for
 
 STDOUT_FD, STDERR_FD = 1, 2
 
@@ -40,7 +40,7 @@ def enqueue_part(start: PartStart) -> PartOutcome:
     publisher = BatchPublisher(sending_app(spec.broker))
     try:
         store = open_store(spec.output) if spec.output else None
-        client = redis.Redis.from_url(spec.redis_url)
+        client = client_for(spec.redis_url)
         enqueuer = Enqueuer(client, spec.settings, publisher, source=spec.source, store=store)
         return PartOutcome(report=enqueuer.enqueue_part(start.session, received_chunks(sys.stdin.buffer)))
     except ProducerError as error:

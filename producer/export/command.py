@@ -36,6 +36,7 @@ from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl
 from workers.record.storage import check_fresh_output, check_output_folder, normalise_output, open_store
 from workers.state.keys import check_run_name
+from workers.state.redis_client import client_for
 
 
 def export_settings(args: argparse.Namespace) -> ExportSettings:
@@ -71,7 +72,7 @@ def export_settings(args: argparse.Namespace) -> ExportSettings:
 def _output(args: argparse.Namespace, settings: ProducerSettings) -> str:
     if args.output:
         return normalise_output(args.output)
-    client = redis.Redis.from_url(chosen_redis_url(args, settings))
+    client = client_for(chosen_redis_url(args, settings))
     try:
         pinned = pinned_settings(client, args.run)
     except redis.RedisError as error:

@@ -20,6 +20,7 @@ from producer.settings import ProducerSettings
 from workers.errors import UnsupportedStoreUrl
 from workers.record.storage import check_output_folder, normalise_output, open_store
 from workers.state.keys import check_run_name
+from workers.state.redis_client import client_for
 
 REDIS_CONNECT_TIMEOUT_S = 5.0
 REDIS_SOCKET_TIMEOUT_S = 30.0
@@ -37,7 +38,7 @@ def cmd_report(args: argparse.Namespace, settings: ProducerSettings) -> int:
     from producer.report.render import summary_rows, write_report  # matplotlib only for this command
 
     run = check_run_name(args.run)
-    client = redis.Redis.from_url(
+    client = client_for(
         args.redis_url or settings.redis_url,
         socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
         socket_timeout=REDIS_SOCKET_TIMEOUT_S,

@@ -31,6 +31,7 @@ from producer.status.model import RunStatus
 from workers.broker.parked_messages import parked_counts
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RUNS_KEY, RunKeys, check_run_name
+from workers.state.redis_client import client_for
 from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,
@@ -265,7 +266,7 @@ def _is_loopback(address: str) -> bool:
 
 
 def cmd_metrics(args: argparse.Namespace, settings: ProducerSettings) -> int:
-    client = redis.Redis.from_url(args.redis_url or settings.redis_url)
+    client = client_for(args.redis_url or settings.redis_url)
     if not _is_loopback(args.address):
         print(
             f"warning: {args.address} is reachable beyond this machine and the endpoint has no "

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import pyarrow.parquet as pq
-import redis
 
 from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
@@ -26,6 +25,7 @@ from workers.record.upload_settings import DEFAULT_UPLOAD_MAX_AGE_S, DEFAULT_UPL
 from workers.settings import DEFAULT_SERVER_DOWN_RETRY_S
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
+from workers.state.redis_client import connect
 from workers.state.runs import decode_run_settings
 
 README_WORKER_ENV = {  # over FAST_WORKER_ENV: the README's defaults, for scenarios that must hold as shipped
@@ -101,7 +101,7 @@ class Stack:
         return result.stdout
 
     def wait_finished(self, run: str, *, timeout_s: float = 120) -> None:
-        ledger = RunLedger(redis.Redis.from_url(self.redis_url), run)
+        ledger = RunLedger(connect(self.redis_url), run)
 
         def finished() -> bool:
             counts = ledger.counts()
@@ -121,7 +121,7 @@ class Stack:
     def assert_none_of_ours_parked(self) -> None:
         """draftgen's own messages are never parked: a check too strict would park them, and the reconciler
         would hide it (it dispatches a batch whose message is gone again, a minute later)."""
-        client = redis.Redis.from_url(self.redis_url)
+        client = connect(self.redis_url)
         if not self.malformed_sent and parked_counts(client):
             raise AssertionError(f"messages parked as malformed: {recent_parked(client, limit=5)}")
 
@@ -130,7 +130,7 @@ class Stack:
 
     def committed_rows(self, run: str) -> list[dict[str, Any]]:
         """Every row of the run's committed Parquet objects (those its manifest lists)."""
-        settings = decode_run_settings(redis.Redis.from_url(self.redis_url).get(RunKeys(run).settings))
+        settings = decode_run_settings(connect(self.redis_url).get(RunKeys(run).settings))
         store = open_store(settings.output)
         rows: list[dict[str, Any]] = []
         for key in completion_keys(read_manifest(store)):

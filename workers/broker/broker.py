@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from workers.broker.broker_tls import broker_use_ssl
 from workers.state.batch_priority import UNCLASSED_BATCH_PRIORITY
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, KOMBU_PRIORITY_STEPS, UPLOAD_QUEUE
+from workers.state.redis_address import is_sentinel_url, sentinel_address
+from workers.state.redis_client import SENTINEL_TIMEOUT_S
 
 if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
     from celery import Celery
@@ -31,13 +33,30 @@ class BrokerOptions:
     unacked_restore_interval_s: int
 
 
+def sentinel_options(redis_url: str) -> tuple[str, dict[str, Any]]:
+    """The broker URL kombu reads and the transport options it needs: for a Sentinel URL, the Sentinels'
+    addresses and the primary's name (workers/state/redis_address.py); for a server's, the URL as given."""
+    if not is_sentinel_url(redis_url):
+        return redis_url, {}
+    address = sentinel_address(redis_url)
+    return address.broker_url(), {
+        "master_name": address.master_name,
+        "sentinel_kwargs": {
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        },
+    }
+
+
 def broker_config(options: BrokerOptions) -> dict[str, Any]:
     """Celery settings of the connection and of the messages themselves: JSON only, late acks, routes."""
+    broker_url, sentinel = sentinel_options(options.redis_url)
     return {
-        "broker_url": options.redis_url,
+        "broker_url": broker_url,
         "broker_use_ssl": broker_use_ssl(options.redis_url),
         "broker_connection_retry_on_startup": True,
         "broker_transport_options": {
+            **sentinel,
             "visibility_timeout": options.visibility_timeout_s,
             "unacked_restore_interval": options.unacked_restore_interval_s,
             "unacked_restore_throttle": UNACKED_RESTORE_THROTTLE,

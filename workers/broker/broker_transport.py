@@ -33,19 +33,24 @@ import time
 from functools import cached_property
 from queue import Empty
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis.exceptions
 from kombu import transport as kombu_transports
 from kombu.transport import redis as kombu_redis
+from redis.sentinel import Sentinel
 
 from workers.broker.broker_without_lua import RedisWithoutLuaLocks, RefreshBinding, SweepBindings
 from workers.broker.message_check import Malformation, read_queue_item, read_unacked_entry
 from workers.broker.parked_messages import UNACKED_QUEUE, ParkedMessage, park_or_drop, parked_message
 from workers.errors import MalformedMessage
 from workers.state.queues import KOMBU_PRIORITY_STEPS, TASK_OF_QUEUE
+from workers.state.redis_address import DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME
 
 TRANSPORT_PATH = "workers.broker.broker_transport:Transport"
+SENTINEL_TRANSPORT_PATH = "workers.broker.broker_transport:SentinelTransport"
 REDIS_SCHEMES = ("redis", "rediss")
+CLOSED_BEFORE_CONNECTED = "the broker connection closed before this channel connected"
 
 
 class QoS(kombu_redis.QoS):
@@ -76,7 +81,7 @@ class Channel(kombu_redis.Channel):
             return params
         if asynchronous in remembered:
             return dict(remembered[asynchronous])
-        raise redis.exceptions.ConnectionError("the broker connection closed before this channel connected")
+        raise redis.exceptions.ConnectionError(CLOSED_BEFORE_CONNECTED)
 
     def _get_client(self) -> Any:
         stock = super()._get_client()  # type: ignore[no-untyped-call]  # also checks redis-py's version
@@ -221,9 +226,49 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """The same channel on the primary a set of Sentinels names (kombu's Sentinel channel underneath: its
+    pool asks them for the primary on each new connection, so a failover is followed by reconnecting).
+    Like the connection settings, the Sentinels' addresses are remembered for a pool rebuilt after the
+    connection closed."""
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        params = self._connparams(asynchronous)
+        sentinels = self.__dict__.setdefault("_draftgen_sentinels", [])
+        if self.connection is not None and self.connection.client is not None:
+            sentinels[:] = self._sentinels_of(self.connection.client.alt, params)
+        if not sentinels:
+            raise redis.exceptions.ConnectionError(CLOSED_BEFORE_CONNECTED)
+        login = {key: params[key] for key in ("username", "password") if params.get(key) is not None}
+        options = {key: value for key, value in params.items() if key not in ("host", "port")}
+        manager = Sentinel(list(sentinels), sentinel_kwargs=getattr(self, "sentinel_kwargs", None), **options)
+        if asynchronous:
+            self._async_sentinel_manager = manager  # kombu's _disconnect_pools closes its connections
+        else:
+            self._sentinel_manager = manager
+        master_name = getattr(self, "master_name", None)
+        if master_name is None:
+            raise ValueError("a Sentinel broker URL needs the master_name transport option")
+        return manager.master_for(master_name, redis.Redis, **login).connection_pool
+
+    def _sentinels_of(self, addresses: list[str], params: dict[str, Any]) -> list[tuple[str, int]]:
+        found = [urlsplit(address) for address in addresses]
+        sentinels = [
+            (url.hostname, url.port or self.connection.default_port) for url in found if url.hostname
+        ]
+        return sentinels or [(params["host"], params["port"])]
+
+
+class SentinelTransport(Transport):
+    default_port = DEFAULT_SENTINEL_PORT  # type: ignore[assignment]  # kombu's base declares None
+    Channel = SentinelChannel
+
+
 def use_for_redis_urls() -> None:
-    """Make `redis://` and `rediss://` URLs mean this transport in this process (the Celery app, and
-    Flower, which picks its broker view by the URL's scheme and so needs the scheme kept)."""
+    """Make `redis://`, `rediss://` and `sentinel://` URLs mean these transports in this process (the Celery
+    app, and Flower, which picks its broker view by the URL's scheme and so needs the scheme kept)."""
     for scheme in REDIS_SCHEMES:
         kombu_transports.TRANSPORT_ALIASES[scheme] = TRANSPORT_PATH
         kombu_transports._transport_cache.pop(scheme, None)
+    kombu_transports.TRANSPORT_ALIASES[SENTINEL_SCHEME] = SENTINEL_TRANSPORT_PATH
+    kombu_transports._transport_cache.pop(SENTINEL_SCHEME, None)

@@ -20,6 +20,9 @@ from typing import Any
 import redis
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from workers.state.redis_address import is_sentinel_url, sentinel_address
 
 REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
@@ -27,6 +30,7 @@ REDIS_BACKOFF_CAP_S = 4.0  # 16 tries at up to 4 s each: ~30 s of outage on aver
 REDIS_CONNECT_TIMEOUT_S = 5.0  # a host that drops packets fails a try in this, not in the OS's 2 minutes
 STOPPING_RETRIES = 2
 STOPPING_BACKOFF_CAP_S = 0.5
+SENTINEL_TIMEOUT_S = 2.0  # a Sentinel answers at once; a dead one is passed over for the next
 MICROSECONDS_PER_S = 1e6
 SCAN_COUNT = 1000
 
@@ -75,8 +79,26 @@ class ShortenableRetry(Retry):  # type: ignore[misc]
         self.update_retries(STOPPING_RETRIES)
 
 
+def client_for(url: str, **options: Any) -> redis.Redis:
+    """A client of the Redis `url` names (workers/state/redis_address.py): one server, or the primary its
+    Sentinels name, asked again on each new connection, so a failover is followed without a restart (a
+    connection to the old primary fails, or finds it a read-only replica, and the next one asks)."""
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **options)
+    address = sentinel_address(url)
+    sentinels = Sentinel(
+        list(address.sentinels),
+        socket_connect_timeout=SENTINEL_TIMEOUT_S,
+        socket_timeout=SENTINEL_TIMEOUT_S,
+    )
+    client: redis.Redis = sentinels.master_for(
+        address.master_name, db=address.db, username=address.username, password=address.password, **options
+    )
+    return client
+
+
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
+    return client_for(
         url,
         retry=ShortenableRetry(),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],

@@ -1,0 +1,102 @@
+"""The fleet outlives its Redis primary: every process is given the Sentinels' addresses, and a failover in
+the middle of a run loses no prompt and commits none twice.
+
+Real processes: a primary and a replica redis-server and three Sentinels on loopback (each from a config
+file of its own: a failover rewrites them), a simulated GPU, a generate worker and the uploader, all given
+the same `sentinel://` URL as DRAFTGEN_REDIS_URL, with the README's defaults otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devstack.local_stack import wait_until
+from inference.simulator import RequestRecord
+from tests.support import prompt_files
+from tests.support.sentinel_group import SentinelGroup, sentinel_group
+from tests.support.stack import Stack, simulators
+from workers.state.ledger import RunLedger
+from workers.state.redis_client import connect
+
+pytestmark = pytest.mark.integration
+
+SPEEDUP = 20.0
+PROMPTS = 600
+BATCH_SIZE = "16"
+HANDED_OVER_BEFORE_THE_KILL = 150  # of 600: the GPU has most of the run still to generate
+RUN = "failover"
+FINISH_TIMEOUT_S = 180.0
+SLOTS_WINDOW_S = 10.0
+BUSY_THROUGH_THE_FAILOVER = 0.8  # of the requests it ran before, over the same span after the kill
+PROMPT_WAIT_S = 60.0
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[SentinelGroup]:
+    with sentinel_group(tmp_path / "redis") as running:
+        yield running
+
+
+@pytest.fixture
+def stack(group: SentinelGroup, log_dir: Path) -> Iterator[Stack]:
+    sims = simulators(1, speedup=SPEEDUP)
+    stack = Stack(group.url, log_dir, sims, fast=False)  # the README's defaults
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        for sim in sims:
+            sim.stop()
+
+
+def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
+    group: SentinelGroup, stack: Stack, tmp_path: Path
+) -> None:
+    # Given a run under way through the Sentinels' primary, a quarter of it generated
+    stack.start()
+    data = prompt_files.write_jsonl(
+        tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "fo")]
+    )
+    stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
+    ledger = RunLedger(connect(group.url), RUN)  # retried through the failover, as a worker's
+    wait_until(
+        lambda: ledger.counts().remaining <= PROMPTS - HANDED_OVER_BEFORE_THE_KILL,
+        timeout_s=PROMPT_WAIT_S,
+        what=f"{HANDED_OVER_BEFORE_THE_KILL} prompts generated",
+    )
+    remaining_at_the_kill = ledger.counts().remaining
+
+    # When the primary is SIGKILLed and the Sentinels promote the replica
+    old_primary = group.primary_port()
+    group.kill(old_primary)
+    killed_at, killed_at_wall = time.monotonic(), time.time()
+    new_primary = group.wait_failover_from(old_primary)
+    assert new_primary != old_primary
+
+    # Then the run finishes by itself, with no process restarted, and every prompt is committed once
+    stack.wait_finished(RUN, timeout_s=FINISH_TIMEOUT_S)
+    assert all(process.alive() for process in [*stack.generators, stack.uploader] if process is not None)
+    result = stack.verify(RUN)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # And the GPU was kept busy through the failover (the batches it held need no Redis to be sent)
+    records = stack.sims[0].admin.requests()
+    before = busy_slots(records, killed_at_wall - SLOTS_WINDOW_S, killed_at_wall)
+    after = busy_slots(records, killed_at_wall, killed_at_wall + SLOTS_WINDOW_S)
+    print(
+        f"failover to {new_primary}; {remaining_at_the_kill} prompts still to generate at the kill; "
+        f"finished {time.monotonic() - killed_at:.1f} s after it; requests running: {before:.1f} in the "
+        f"{SLOTS_WINDOW_S:.0f} s before the kill, {after:.1f} in the {SLOTS_WINDOW_S:.0f} s after"
+    )
+    assert after >= BUSY_THROUGH_THE_FAILOVER * before, (before, after)
+
+
+def busy_slots(records: list[RequestRecord], start: float, end: float) -> float:
+    """The mean number of requests the server held between `start` and `end` (Unix seconds)."""
+    held = sum(
+        max(0.0, min(end, record.finished_at or end) - max(start, record.received_at)) for record in records
+    )
+    return held / (end - start)

@@ -1,0 +1,60 @@
+"""One URL says where Redis is, a server's or its Sentinels' (workers/state/redis_address.py), and the
+broker reads the Sentinels' addresses the way kombu's Sentinel transport does."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.broker.broker import BrokerOptions, broker_config
+from workers.settings import has_password, redacted_url
+from workers.state.redis_address import BadRedisAddress, SentinelAddress, is_sentinel_url, sentinel_address
+
+URL = "sentinel://gpu-node:s3cret@10.0.0.1:26379/2?master_name=draftgen;sentinel://10.0.0.2;sentinel://10.0.0.3:26380"
+
+
+def test_a_sentinel_url_names_every_sentinel_the_primary_the_db_and_the_login() -> None:
+    assert is_sentinel_url(URL) and not is_sentinel_url("redis://127.0.0.1:6379/0")
+    assert sentinel_address(URL) == SentinelAddress(
+        sentinels=(("10.0.0.1", 26379), ("10.0.0.2", 26379), ("10.0.0.3", 26380)),
+        master_name="draftgen",
+        db=2,
+        username="gpu-node",
+        password="s3cret",
+    )
+
+
+def test_the_primary_name_and_db_may_come_on_any_address() -> None:
+    address = sentinel_address("sentinel://10.0.0.1;sentinel://10.0.0.2/1?master_name=m")
+    assert (address.master_name, address.db, address.password) == ("m", 1, None)
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("sentinel://10.0.0.1:26379", "names no primary: add ?master_name=NAME"),
+        ("sentinel://a?master_name=x;sentinel://b?master_name=y", "names more than one primary"),
+        ("sentinel://a?master_name=x;redis://b", "address 2 of the Sentinel URL is not sentinel://host:port"),
+        ("sentinel://a:notaport?master_name=x", "address 1 of the Sentinel URL has a bad port"),
+        ("sentinel://a/zero?master_name=x", "names db 'zero', not a number"),
+    ],
+)
+def test_a_sentinel_url_that_does_not_say_enough_is_refused_naming_what(url: str, complaint: str) -> None:
+    with pytest.raises(BadRedisAddress, match=complaint.replace("?", r"\?")):
+        sentinel_address(url)
+
+
+def test_kombu_gets_the_sentinels_with_the_login_and_db_on_the_first_and_the_primary_as_an_option() -> None:
+    config = broker_config(
+        BrokerOptions(redis_url=URL, visibility_timeout_s=60, unacked_restore_interval_s=5)
+    )
+    assert config["broker_url"] == (
+        "sentinel://gpu-node:s3cret@10.0.0.1:26379/2;sentinel://10.0.0.2:26379;sentinel://10.0.0.3:26380"
+    )
+    assert config["broker_transport_options"]["master_name"] == "draftgen"
+
+
+def test_a_sentinel_urls_password_is_told_and_never_shown() -> None:
+    assert has_password(URL)
+    shown = redacted_url(URL)
+    assert "s3cret" not in shown and "gpu-node" not in shown
+    assert "master_name=draftgen" in shown

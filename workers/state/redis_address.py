@@ -1,0 +1,94 @@
+"""Where Redis is: one URL for both the broker and the state client, a server's or its Sentinels'.
+
+`redis://` and `rediss://` name one server. `sentinel://` names the Sentinels that watch a primary and its
+replicas, so that every process follows the primary through a failover without a restart:
+
+    sentinel://[user:password@]host1:26379[/db][?master_name=NAME];sentinel://host2:26379;sentinel://host3:26379
+
+The user and password are the Redis user's on the primary (the ACL users of docs/security.md, as on
+a `redis://` URL); the db and `master_name` (the name the Sentinels know the primary by, `sentinel monitor
+NAME ...`) may be given on any one of the addresses. The Sentinels themselves are asked without a login.
+Celery's broker reads the same addresses (kombu's Sentinel transport, with `master_name` in its transport
+options); the state client asks the Sentinels with redis-py's `Sentinel.master_for`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+SENTINEL_SCHEME = "sentinel"
+SENTINEL_SEPARATOR = ";"
+MASTER_NAME_KEY = "master_name"
+DEFAULT_SENTINEL_PORT = 26379
+DEFAULT_DB = 0
+SENTINEL_EXAMPLE = "sentinel://user:password@host1:26379/0?master_name=draftgen;sentinel://host2:26379"
+
+
+class BadRedisAddress(ValueError):
+    """A `sentinel://` URL that does not say where the Sentinels are or which primary they watch."""
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int = DEFAULT_DB
+    username: str | None = None
+    password: str | None = None
+
+    def broker_url(self) -> str:
+        """The addresses as kombu's Sentinel transport reads them: the first carries the login and the db."""
+        login = ""
+        if self.username or self.password:
+            login = f"{self.username or ''}:{self.password or ''}@"
+        first, *others = self.sentinels
+        urls = [f"{SENTINEL_SCHEME}://{login}{first[0]}:{first[1]}/{self.db}"]
+        urls += [f"{SENTINEL_SCHEME}://{host}:{port}" for host, port in others]
+        return SENTINEL_SEPARATOR.join(urls)
+
+
+def is_sentinel_url(url: str) -> bool:
+    return url.strip().lower().startswith(f"{SENTINEL_SCHEME}://")
+
+
+def sentinel_address(url: str) -> SentinelAddress:
+    """The Sentinels, primary name, db and login a `sentinel://` URL gives; BadRedisAddress says what is
+    missing or wrong, never quoting the password."""
+    sentinels: list[tuple[str, int]] = []
+    master_names: set[str] = set()
+    db: int | None = None
+    username = password = None
+    for number, part in enumerate(url.strip().split(SENTINEL_SEPARATOR), start=1):
+        split = urlsplit(part.strip())
+        if split.scheme.lower() != SENTINEL_SCHEME or not split.hostname:
+            raise BadRedisAddress(
+                f"address {number} of the Sentinel URL is not sentinel://host:port (e.g. {SENTINEL_EXAMPLE})"
+            )
+        try:
+            port = split.port or DEFAULT_SENTINEL_PORT
+        except ValueError as error:
+            raise BadRedisAddress(f"address {number} of the Sentinel URL has a bad port") from error
+        sentinels.append((split.hostname, port))
+        if split.username or split.password:
+            username = unquote(split.username) if split.username else None
+            password = unquote(split.password) if split.password else None
+        path = split.path.strip("/")
+        if path:
+            if not path.isdecimal():
+                raise BadRedisAddress(f"address {number} of the Sentinel URL names db {path!r}, not a number")
+            db = int(path)
+        master_names.update(parse_qs(split.query).get(MASTER_NAME_KEY, []))
+    if len(master_names) != 1:
+        said = "names no primary" if not master_names else "names more than one primary"
+        raise BadRedisAddress(
+            f"the Sentinel URL {said}: add ?{MASTER_NAME_KEY}=NAME, the name the Sentinels monitor it by "
+            f"(e.g. {SENTINEL_EXAMPLE})"
+        )
+    return SentinelAddress(
+        sentinels=tuple(sentinels),
+        master_name=master_names.pop(),
+        db=DEFAULT_DB if db is None else db,
+        username=username,
+        password=password,
+    )
