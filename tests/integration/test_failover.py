@@ -53,8 +53,9 @@ def stack(group: SentinelGroup, log_dir: Path) -> Iterator[Stack]:
             sim.stop()
 
 
+@pytest.mark.parametrize("replica_behind", [False, True], ids=["replica-in-sync", "replica-behind"])
 def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
-    group: SentinelGroup, stack: Stack, tmp_path: Path
+    group: SentinelGroup, stack: Stack, tmp_path: Path, replica_behind: bool
 ) -> None:
     # Given a run under way through the Sentinels' primary, a quarter of it generated
     stack.start()
@@ -70,12 +71,15 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     )
     remaining_at_the_kill = ledger.counts().remaining
 
-    # When the primary is SIGKILLed and the Sentinels promote the replica
+    # When the primary is SIGKILLed (with its replica some writes behind, in one case) and the Sentinels
+    # promote the replica
     old_primary = group.primary_port()
+    lost_bytes = group.cut_replicas_off(old_primary) if replica_behind else 0
     group.kill(old_primary)
     killed_at, killed_at_wall = time.monotonic(), time.time()
     new_primary = group.wait_failover_from(old_primary)
     assert new_primary != old_primary
+    group.restore_replica_auth()
 
     # Then the run finishes by itself, with no process restarted, and every prompt is committed once
     stack.wait_finished(RUN, timeout_s=FINISH_TIMEOUT_S)
@@ -87,11 +91,13 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     before = busy_slots(records, killed_at_wall - SLOTS_WINDOW_S, killed_at_wall)
     after = busy_slots(records, killed_at_wall, killed_at_wall + SLOTS_WINDOW_S)
     print(
-        f"failover to {new_primary}; {remaining_at_the_kill} prompts still to generate at the kill; "
+        f"failover to {new_primary}, {lost_bytes} bytes of writes lost with the primary; "
+        f"{remaining_at_the_kill} prompts still to generate at the kill; "
         f"finished {time.monotonic() - killed_at:.1f} s after it; requests running: {before:.1f} in the "
         f"{SLOTS_WINDOW_S:.0f} s before the kill, {after:.1f} in the {SLOTS_WINDOW_S:.0f} s after"
     )
     assert after >= BUSY_THROUGH_THE_FAILOVER * before, (before, after)
+    assert (lost_bytes > 0) == replica_behind  # the writes lost are the case's, not by chance
 
 
 def busy_slots(records: list[RequestRecord], start: float, end: float) -> float:

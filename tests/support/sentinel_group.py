@@ -28,6 +28,8 @@ SENTINELS = 3
 PASSWORD_BYTES = 16
 READY_TIMEOUT_S = 20.0
 FAILOVER_WAIT_S = 30.0
+WRONG_PASSWORD = "not-the-password"
+LAG_BYTES = 10_000  # of writes the replica lacks when the primary dies, in the case that cuts it off
 
 
 @dataclass
@@ -116,6 +118,28 @@ class SentinelGroup:
 
     def kill(self, port: int) -> None:
         self.servers[port].kill()
+
+    def cut_replicas_off(self, primary: int) -> int:
+        """Cut the primary's replicas off (their links dropped, their password for it wrong, so they cannot
+        sync again) and let it take writes alone until they lack some: the bytes of writes they then lack.
+        `restore_replica_auth` puts the password back."""
+        client = self.server(primary)
+        replicas = [self.server(port) for port in self.servers if port != primary]
+        for replica in replicas:
+            replica.config_set("masterauth", WRONG_PASSWORD)
+        client.client_kill_filter(_type="replica")
+
+        def behind() -> int:
+            ahead = int(client.info("replication")["master_repl_offset"])
+            return min(ahead - int(r.info("replication")["master_repl_offset"]) for r in replicas)
+
+        wait_until(lambda: behind() >= LAG_BYTES, timeout_s=READY_TIMEOUT_S, what="replicas falling behind")
+        return behind()
+
+    def restore_replica_auth(self) -> None:
+        for port, process in self.servers.items():
+            if process.alive():
+                self.server(port).config_set("masterauth", self.password)
 
     def wait_failover_from(self, old_primary: int) -> int:
         wait_until(lambda: self.primary_port() != old_primary, timeout_s=FAILOVER_WAIT_S, what="a failover")
