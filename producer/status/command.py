@@ -20,11 +20,12 @@ from core.records import DeadLetter, Record, row_place
 from intake.rejected import RejectedRow
 from intake.rows import rejection_source
 from producer.errors import RunNotFound, SettingsError
-from producer.run_access import checked_output_store, connect_redis, require_run
+from producer.run_access import checked_output_store, chosen_redis_url, connect_redis, require_run
 from producer.settings import ProducerSettings
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from producer.status.parser import LISTED_KINDS, PRICE_ENV
+from producer.status.redis_place import redis_place
 from producer.status.view import clock, render_status, status_line
 from workers.errors import RecordUnreadable
 from workers.record.storage import normalise_output
@@ -55,8 +56,11 @@ def cmd_status(args: argparse.Namespace, settings: ProducerSettings) -> int:
     run = check_run_name(args.run)
     price, source = resolve_price(args.price_per_gpu_hour, os.environ)
 
+    url = chosen_redis_url(args, settings)
+
     def snapshot() -> RunStatus:
-        return gather_status(client, run, price_per_gpu_hour=price, price_source=source)
+        status = gather_status(client, run, price_per_gpu_hour=price, price_source=source)
+        return msgspec.structs.replace(status, redis=redis_place(url))
 
     if args.json:
         return _json(snapshot, args.watch)

@@ -118,6 +118,17 @@ class PauseFigures(Record, frozen=True):
     for_s: float
 
 
+class RedisPlace(Record, frozen=True):
+    """The primary a set of Sentinels names (producer/status/redis_place.py)."""
+
+    master_name: str
+    primary: str  # host:port
+    sentinels: int
+    answering: int
+    failovers: int  # the primary's configuration epoch: raised by one at each failover
+    replicas: int
+
+
 class RunStatus(Record, frozen=True):
     run: str
     now: float  # Redis clock, unix seconds
@@ -140,3 +151,4 @@ class RunStatus(Record, frozen=True):
     parked_messages: list[ParkedCount] = msgspec.field(default_factory=list)
     output: str = ""  # the run's output, as pinned
     held: list[HeldWork] = msgspec.field(default_factory=list)  # by GPU
+    redis: RedisPlace | None = None  # when Sentinels name the primary

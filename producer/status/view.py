@@ -10,7 +10,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from producer.status.model import GpuRow, HeldWork, Rates, RunStatus
+from producer.status.model import GpuRow, HeldWork, Rates, RedisPlace, RunStatus
 from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.recovery.seat_view import WorkerLife
 
@@ -254,6 +254,18 @@ def _quality(status: RunStatus) -> RenderableType:
     return Group(table, Text(f"finish reasons: {finishes or ABSENT}"), gate_line)
 
 
+def redis_place_line(place: RedisPlace) -> str:
+    return (
+        f"Redis: primary {place.master_name} at {place.primary}, as {place.answering} of {place.sentinels} "
+        f"Sentinels say; {_count(place.failovers, 'failover')} since they began watching; "
+        f"{_count(place.replicas, 'replica')}"
+    )
+
+
+def _count(number: int, thing: str) -> str:
+    return f"no {thing}" if number == 0 else f"{number} {thing}" + ("" if number == 1 else "s")
+
+
 def _header(status: RunStatus) -> RenderableType:
     header = Text.assemble(
         (f"run {status.run}", "bold"),
@@ -262,6 +274,8 @@ def _header(status: RunStatus) -> RenderableType:
         f"  at {clock(status.now)}",
     )
     lines: list[RenderableType] = [header]
+    if status.redis is not None:
+        lines.append(Text(redis_place_line(status.redis)))
     lines.extend(Text(f"WARNING: {warning}", style="bold yellow") for warning in status.warnings)
     if status.paused is not None:
         paused = status.paused

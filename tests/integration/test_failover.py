@@ -86,6 +86,11 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     assert all(process.alive() for process in [*stack.generators, stack.uploader] if process is not None)
     result = stack.verify(RUN)
     assert result.returncode == 0, result.stdout + result.stderr
+    # And status says where the primary is now, and that it failed over
+    status = stack.producer("status", "--run", RUN)
+    assert status.returncode == 0, status.stderr
+    assert f"at 127.0.0.1:{new_primary}, as 3 of 3 Sentinels say; 1 failover" in status.stdout, status.stdout
+
     # And the GPU was kept busy through the failover (the batches it held need no Redis to be sent)
     records = stack.sims[0].admin.requests()
     before = busy_slots(records, killed_at_wall - SLOTS_WINDOW_S, killed_at_wall)

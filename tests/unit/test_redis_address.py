@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from producer.status.model import RedisPlace
+from producer.status.redis_place import redis_place
+from producer.status.view import redis_place_line
 from workers.broker.broker import BrokerOptions, broker_config
 from workers.settings import has_password, redacted_url
 from workers.state.redis_address import BadRedisAddress, SentinelAddress, is_sentinel_url, sentinel_address
@@ -58,3 +61,14 @@ def test_a_sentinel_urls_password_is_told_and_never_shown() -> None:
     shown = redacted_url(URL)
     assert "s3cret" not in shown and "gpu-node" not in shown
     assert "master_name=draftgen" in shown
+
+
+def test_status_says_where_the_sentinels_primary_is_and_how_often_it_failed_over() -> None:
+    place = RedisPlace(
+        master_name="draftgen", primary="10.0.0.2:6379", sentinels=3, answering=2, failovers=1, replicas=1
+    )
+    assert redis_place_line(place) == (
+        "Redis: primary draftgen at 10.0.0.2:6379, as 2 of 3 Sentinels say; 1 failover since they began "
+        "watching; 1 replica"
+    )
+    assert redis_place("redis://127.0.0.1:6379/0") is None  # one server: nothing to say
