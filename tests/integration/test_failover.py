@@ -31,7 +31,8 @@ HANDED_OVER_BEFORE_THE_KILL = 150  # of 600: the GPU has most of the run still t
 RUN = "failover"
 FINISH_TIMEOUT_S = 180.0
 SLOTS_WINDOW_S = 10.0
-BUSY_THROUGH_THE_FAILOVER = 0.8  # of the requests it ran before, over the same span after the kill
+# Of the requests the GPU ran before the kill, over the same span after it (0.8-1.1 measured).
+BUSY_THROUGH_THE_FAILOVER = 0.7
 PROMPT_WAIT_S = 60.0
 
 
@@ -74,6 +75,13 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     # When the primary is SIGKILLed (with its replica some writes behind, in one case) and the Sentinels
     # promote the replica
     old_primary = group.primary_port()
+    replica = next(port for port in group.servers if port != old_primary)
+    # FUNCTION LIST answers a flat [name, value, ...] list per library
+    libraries = [
+        dict(zip(entry[::2], entry[1::2], strict=True))[b"library_name"]
+        for entry in group.server(replica).function_list()
+    ]
+    assert any(name.startswith(b"draftgen_") for name in libraries), libraries  # replicated with the data
     lost_bytes = group.cut_replicas_off(old_primary) if replica_behind else 0
     group.kill(old_primary)
     killed_at, killed_at_wall = time.monotonic(), time.time()
