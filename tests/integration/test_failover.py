@@ -8,18 +8,22 @@ the same `sentinel://` URL as DRAFTGEN_REDIS_URL, with the README's defaults oth
 
 from __future__ import annotations
 
+import json
+import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devstack.local_stack import wait_until
+from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until, worker_env
 from inference.simulator import RequestRecord
 from tests.support import prompt_files
 from tests.support.sentinel_group import SentinelGroup, sentinel_group
 from tests.support.stack import Stack, simulators
 from workers.state.ledger import RunLedger
+from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
 from workers.state.redis_client import connect
 
 pytestmark = pytest.mark.integration
@@ -34,6 +38,7 @@ SLOTS_WINDOW_S = 10.0
 # Of the requests the GPU ran before the kill, over the same span after it (0.8-1.1 measured).
 BUSY_THROUGH_THE_FAILOVER = 0.7
 PROMPT_WAIT_S = 60.0
+SERVICE_START_S = 30.0
 
 
 @pytest.fixture
@@ -119,3 +124,32 @@ def busy_slots(records: list[RequestRecord], start: float, end: float) -> float:
         max(0.0, min(end, record.finished_at or end) - max(start, record.received_at)) for record in records
     )
     return held / (end - start)
+
+
+def test_flower_and_the_metrics_exporter_reach_redis_through_its_sentinels(
+    group: SentinelGroup, log_dir: Path
+) -> None:
+    # Given Flower and the metrics exporter given the Sentinels' URL, as every other process is
+    env = worker_env(group.url, {"FLOWER_UNAUTHENTICATED_API": "true", "DRAFTGEN_FLOWER_OPEN_API": "1"})
+    flower_port, metrics_port = free_port(), free_port()
+    flower = flower_process(flower_port, env, log_dir).start()
+    exporter = ManagedProcess(
+        "metrics",
+        [sys.executable, "-m", "producer", "metrics", "--port", str(metrics_port)],
+        log_dir / "metrics.log",
+        env=env,
+    ).start()
+    flower_url, metrics_url = f"http://127.0.0.1:{flower_port}", f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        flower.wait_ready(lambda: http_ok(f"{flower_url}/healthcheck"), timeout_s=SERVICE_START_S)
+        exporter.wait_ready(lambda: http_ok(metrics_url), timeout_s=SERVICE_START_S)
+        # Then Flower's Broker figures list both queues, read on the primary the Sentinels name
+        with urllib.request.urlopen(f"{flower_url}/api/queues/length", timeout=SERVICE_START_S) as response:
+            queues = {queue["name"] for queue in json.load(response)["active_queues"]}
+        assert {GENERATE_QUEUE, UPLOAD_QUEUE} <= queues
+        # And the exporter reaches Redis
+        with urllib.request.urlopen(metrics_url, timeout=SERVICE_START_S) as response:
+            assert "draftgen_redis_up 1.0" in response.read().decode()
+    finally:
+        flower.stop()
+        exporter.stop()
