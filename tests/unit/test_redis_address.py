@@ -11,6 +11,7 @@ from producer.status.view import redis_place_line
 from workers.broker.broker import BrokerOptions, broker_config
 from workers.settings import has_password, redacted_url
 from workers.state.redis_address import BadRedisAddress, SentinelAddress, is_sentinel_url, sentinel_address
+from workers.state.redis_client import SENTINEL_TIMEOUT_S, client_for
 
 URL = "sentinel://gpu-node:s3cret@10.0.0.1:26379/2?master_name=draftgen;sentinel://10.0.0.2;sentinel://10.0.0.3:26380"
 
@@ -72,3 +73,18 @@ def test_status_says_where_the_sentinels_primary_is_and_how_often_it_failed_over
         "watching; 1 replica"
     )
     assert redis_place("redis://127.0.0.1:6379/0") is None  # one server: nothing to say
+
+
+def test_a_clients_primary_connections_keep_the_callers_timeouts_and_only_the_sentinels_get_theirs() -> None:
+    # A blocking read on the primary (a seat's subscription) must not time out after the Sentinels' 2 s.
+    client = client_for(URL, socket_connect_timeout=5.0)
+    pool = client.connection_pool
+    assert (
+        pool.connection_kwargs.get("socket_timeout"),
+        pool.connection_kwargs["socket_connect_timeout"],
+    ) == (
+        None,
+        5.0,
+    )
+    sentinel_pool = pool.sentinel_manager.sentinels[0].connection_pool
+    assert sentinel_pool.connection_kwargs["socket_timeout"] == SENTINEL_TIMEOUT_S

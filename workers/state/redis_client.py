@@ -86,10 +86,11 @@ def client_for(url: str, **options: Any) -> redis.Redis:
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **options)
     address = sentinel_address(url)
+    # The timeouts are the Sentinels' own: the primary's connections get the caller's `options`, as a
+    # server's URL would (a Sentinel's keyword arguments beside sentinel_kwargs go to the primary's).
     sentinels = Sentinel(
         list(address.sentinels),
-        socket_connect_timeout=SENTINEL_TIMEOUT_S,
-        socket_timeout=SENTINEL_TIMEOUT_S,
+        sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S, "socket_connect_timeout": SENTINEL_TIMEOUT_S},
     )
     client: redis.Redis = sentinels.master_for(
         address.master_name, db=address.db, username=address.username, password=address.password, **options
