@@ -140,6 +140,7 @@ def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
     import redis
 
     from workers.settings import redacted_url
+    from workers.state.redis_client import no_primary_reason
 
     if isinstance(error, intake_errors.SourceUnavailable):
         return InputUnavailable(f"{error}{S3_HINT}")
@@ -152,7 +153,7 @@ def as_producer_error(error: LowerError, *, redis_url: str) -> ProducerError:
         if _refused_login(error):
             said = "it asks for a user and password" if _no_login_given(error) else str(error)
             return RedisUnavailable(f"Redis at {shown} refused the login ({said}){LOGIN_HINT}")
-        return RedisUnavailable(f"Redis at {shown}: {error}")
+        return RedisUnavailable(f"Redis at {shown}: {no_primary_reason(error) or error}")
     message = str(error.args[0]) if error.args else type(error).__name__  # KeyError's str() adds quotes
     if isinstance(error, StoreUnavailable):
         return OutputUnavailable(f"{message}{S3_HINT if 's3://' in message else ''}")

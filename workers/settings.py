@@ -28,6 +28,7 @@ from workers.recovery.reconciler import (
     DEFAULT_STRANDED_GRACE_S,
     ReconcileSettings,
 )
+from workers.state.redis_address import BadRedisAddress, is_sentinel_url, sentinel_address
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -177,6 +178,7 @@ class WorkerSettings:
         if "server_url" not in values:
             values["server_url"] = _server_url(source, values.get("gpu"))
         _check_server_url(values["server_url"])
+        _check_redis_url(values.get("redis_url", DEFAULT_REDIS_URL))
         return cls(**values)
 
 
@@ -307,6 +309,15 @@ def _number(variable: str, text: str, kind: type[float] | type[int], what: str) 
     if value < lowest:
         raise InvalidSetting(f"{variable}={text!r}: must be {lowest} or more{meaning}")
     return value
+
+
+def _check_redis_url(url: str) -> None:
+    """A Sentinel URL that cannot name a primary is refused at start, naming what it lacks."""
+    if is_sentinel_url(url):
+        try:
+            sentinel_address(url)
+        except BadRedisAddress as error:
+            raise InvalidSetting(f"{ENV_PREFIX}REDIS_URL: {error}") from None
 
 
 def _check_server_url(url: str) -> None:

@@ -4,14 +4,17 @@ broker reads the Sentinels' addresses the way kombu's Sentinel transport does.""
 from __future__ import annotations
 
 import pytest
+import redis
+from redis.sentinel import MasterNotFoundError
 
 from producer.status.model import RedisPlace
 from producer.status.redis_place import redis_place
 from producer.status.view import redis_place_line
 from workers.broker.broker import BrokerOptions, broker_config
-from workers.settings import has_password, redacted_url
+from workers.errors import InvalidSetting
+from workers.settings import WorkerSettings, has_password, redacted_url
 from workers.state.redis_address import BadRedisAddress, SentinelAddress, is_sentinel_url, sentinel_address
-from workers.state.redis_client import SENTINEL_TIMEOUT_S, client_for
+from workers.state.redis_client import SENTINEL_TIMEOUT_S, client_for, no_primary_reason
 
 URL = "sentinel://gpu-node:s3cret@10.0.0.1:26379/2?master_name=draftgen;sentinel://10.0.0.2;sentinel://10.0.0.3:26380"
 
@@ -88,3 +91,18 @@ def test_a_clients_primary_connections_keep_the_callers_timeouts_and_only_the_se
     )
     sentinel_pool = pool.sentinel_manager.sentinels[0].connection_pool
     assert sentinel_pool.connection_kwargs["socket_timeout"] == SENTINEL_TIMEOUT_S
+
+
+def test_a_worker_refuses_a_sentinel_url_without_a_primary_at_start_naming_the_variable() -> None:
+    with pytest.raises(InvalidSetting, match="DRAFTGEN_REDIS_URL: the Sentinel URL names no primary"):
+        WorkerSettings.from_env({"DRAFTGEN_REDIS_URL": "sentinel://10.0.0.1:26379"})
+
+
+def test_no_primary_found_is_said_in_one_line_without_redis_pys_client_reprs() -> None:
+    unreachable = MasterNotFoundError("No master found for 'm' : <redis.client.Redis(<...>)> - network:Error")
+    unknown = MasterNotFoundError("No master found for 'm'")
+    assert no_primary_reason(unreachable) == "No master found for 'm': no Sentinel of the URL answered"
+    assert no_primary_reason(unknown) == (
+        "No master found for 'm': its Sentinels know no primary by that name that is up"
+    )
+    assert no_primary_reason(redis.ConnectionError("refused")) is None

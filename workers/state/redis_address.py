@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from workers.errors import Refused
+
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_SEPARATOR = ";"
 MASTER_NAME_KEY = "master_name"
@@ -25,7 +27,7 @@ DEFAULT_DB = 0
 SENTINEL_EXAMPLE = "sentinel://user:password@host1:26379/0?master_name=draftgen;sentinel://host2:26379"
 
 
-class BadRedisAddress(ValueError):
+class BadRedisAddress(Refused):
     """A `sentinel://` URL that does not say where the Sentinels are or which primary they watch."""
 
 

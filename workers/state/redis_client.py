@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from workers.state.redis_address import is_sentinel_url, sentinel_address
 
@@ -96,6 +96,17 @@ def client_for(url: str, **options: Any) -> redis.Redis:
         address.master_name, db=address.db, username=address.username, password=address.password, **options
     )
     return client
+
+
+def no_primary_reason(error: redis.RedisError) -> str | None:
+    """What a Sentinel URL's failure to name a primary means, in one line (redis-py's message carries each
+    Sentinel client's whole repr); None for any other error."""
+    if not isinstance(error, MasterNotFoundError):
+        return None
+    head, unreachable, _ = str(error).partition(" : ")
+    if unreachable:
+        return f"{head}: no Sentinel of the URL answered"
+    return f"{head}: its Sentinels know no primary by that name that is up"
 
 
 def connect(url: str) -> redis.Redis:
