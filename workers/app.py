@@ -22,7 +22,7 @@ from workers.bootsteps.seating import seat_generate_worker
 from workers.broker.broker import broker_config, new_app
 from workers.context import ContextHolder, WorkerContext
 from workers.control_commands import limit_remote_control
-from workers.flower_guard import flower_is_starting, install_flower_guard
+from workers.flower_guard import install_flower_guard
 from workers.flower_queues import install_flower_queues
 from workers.log_lines import one_line_for_recoverable_errors
 from workers.settings import WorkerSettings
@@ -84,5 +84,5 @@ def make_app(
     worker_shutting_down.connect(begin_shutdown, weak=False)
     worker_shutdown.connect(close_context, weak=False)
     install_flower_guard(app)  # only under `celery -A workers flower`: Flower's login check
-    install_flower_queues(app, flower_is_starting=flower_is_starting())  # its Broker page lists both queues
+    install_flower_queues(app)  # and its Broker page lists both queues
     return app

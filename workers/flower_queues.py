@@ -18,6 +18,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import import_modules
 
+from workers.flower_guard import flower_is_starting
 from workers.state.queues import QUEUES
 
 
@@ -38,9 +39,9 @@ def list_every_queue(**_: object) -> None:
     BaseHandler.get_active_queue_names = every_queue_name
 
 
-def install_flower_queues(app: Celery, *, flower_is_starting: bool) -> bool:
+def install_flower_queues(app: Celery) -> bool:
     """Under `celery -A workers flower`, list both queues on Flower's Broker page. Returns whether it did."""
-    if not flower_is_starting:
+    if not flower_is_starting():
         return False
     import_modules.connect(list_every_queue, sender=app, weak=False)
     return True

@@ -28,12 +28,12 @@ from workers.state.stats_fields import (
     COMPLETIONS,
     DEAD_PREFIX,
     FINISH_PREFIX,
+    RATE_WINDOW_S,
     TOKEN_IDS_MISSING,
     generated_turns,
     quality_field,
 )
 
-RATE_WINDOW_S = 60.0  # "recent" rates: completions of the last minute
 MIN_COMPLETIONS_FOR_ETA = 20  # fewer in the window and the rate is noise: the ETA says "unknown"
 SECONDS_PER_HOUR = 3600.0
 MS_PER_S = 1000.0

@@ -7,7 +7,6 @@ import redis
 from producer.run_access import require_run
 from producer.status.figures import (
     MS_PER_S,
-    RATE_WINDOW_S,
     STATE_DRAINING,
     STATE_FINISHED,
     STATE_UPLOADING,
@@ -50,6 +49,7 @@ from workers.state.stats_fields import (
     COMPLETION_TOKENS,
     COMPLETIONS,
     FIRST_COMPLETION_AT,
+    RATE_WINDOW_S,
     generated_turns,
     parse_counters,
 )

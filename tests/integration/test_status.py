@@ -31,7 +31,6 @@ from devstack.local_stack import PROJECT_ROOT, ManagedProcess, free_port, http_o
 from inference.simulator import RequestRecord, SimulatorSettings, predict_outcome
 from producer.cli import main as producer_main
 from producer.settings import REDIS_URL_ENV
-from producer.status.figures import RATE_WINDOW_S
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from tests.support import prompt_files
@@ -42,6 +41,7 @@ from workers.settings import DEFAULT_MAX_IN_FLIGHT
 from workers.state.control import PAUSED_BY_GATE, PAUSED_BY_USER
 from workers.state.keys import RunKeys
 from workers.state.runs import decode_run_settings
+from workers.state.stats_fields import RATE_WINDOW_S
 
 pytestmark = pytest.mark.integration
 

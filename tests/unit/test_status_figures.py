@@ -15,7 +15,6 @@ from producer.errors import SettingsError
 from producer.status.command import resolve_price
 from producer.status.figures import (
     MIN_COMPLETIONS_FOR_ETA,
-    RATE_WINDOW_S,
     STATE_DRAINING,
     STATE_FINISHED,
     STATE_PAUSED,
@@ -50,7 +49,7 @@ from producer.status.view import duration, held_line, render_status, size
 from tests.support.status_samples import START_S, heartbeat, paused_young_status
 from workers.recovery.seat_view import SeatReading, WorkerLife, worker_life
 from workers.state.heartbeats import decode_heartbeat, encode_heartbeat
-from workers.state.stats_fields import parse_counters
+from workers.state.stats_fields import RATE_WINDOW_S, parse_counters
 
 
 def steady_events(*, per_s: float, seconds: float, tokens: int = 2_000, gpus: int = 1) -> list[Event]:

@@ -65,6 +65,7 @@ class HeartbeatStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery's 
 
 STATS_PREFIX = "draftgen_"
 ACCEPT_LENGTH_DECIMALS = 2
+COMPLETIONS_PER_MINUTE_DECIMALS = 1
 
 
 def accept_length(beat: WorkerHeartbeat | None) -> float | None:
@@ -75,15 +76,15 @@ def accept_length(beat: WorkerHeartbeat | None) -> float | None:
 
 def gpu_figures(ctx: WorkerContext, beat: WorkerHeartbeat | None) -> dict[str, Any]:
     """The GPU's output over the last minute (as `producer status` counts it), its batches and its server."""
-    rates = ctx.engine.recent_output.rates()
     engine = ctx.engine
+    rates = engine.recent_output.rates()
     return {
         "gpu": gpu_label(ctx.origin),
         "server": ctx.settings.server_url,
         "server_health": "not probed yet" if beat is None else beat.server_health,
         "suspended": engine.suspended_because or "no",
         "output_tokens_per_s": round(rates.output_tokens_per_s),
-        "completions_per_minute": round(rates.completions_per_minute, 1),
+        "completions_per_minute": round(rates.completions_per_minute, COMPLETIONS_PER_MINUTE_DECIMALS),
         "over_last_s": round(rates.window_s),
         "requests_in_flight": f"{engine.in_flight}/{ctx.settings.max_in_flight}",
         "batches_held": ctx.batch_life.in_flight(),

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-RATE_WINDOW_S = 60.0  # producer/status's "recent": completions of the last minute
+from workers.state.stats_fields import RATE_WINDOW_S
+
 SECONDS_PER_MINUTE = 60.0
 
 

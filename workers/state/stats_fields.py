@@ -22,6 +22,8 @@ TOKEN_IDS_MISSING = "token_ids_missing"  # completions whose server returned no 
 QUALITY_PREFIX = "quality:"
 FINISH_PREFIX = "finish:"
 DEAD_PREFIX = "dead:"
+# "Recent" rates, status's and a worker's own (Flower's worker page): completions of the last minute.
+RATE_WINDOW_S = 60.0
 # A counter is what HINCRBY writes: a signed 64-bit integer, at most 19 digits. Anything else is read as
 # absent: "--5" or a huge number would make int() raise (it refuses past 4,300 digits).
 COUNTER = re.compile(rb"-?[0-9]{1,19}")
