@@ -201,7 +201,8 @@ def _demo(args: argparse.Namespace, console: Console) -> int:
         if args.exit:
             return EXIT_OK if verified == 0 else EXIT_FAILED
         console.print(
-            f"Flower:  http://127.0.0.1:{flower_port}  (Broker tab: queues; Tasks: rates)\n"
+            f"Flower:  http://127.0.0.1:{flower_port}  (Broker: both queues; Tasks: each batch for its whole "
+            "life; a worker's page, tab Other: its GPU's rates)\n"
             f'         DRAFTGEN_REDIS_URL="$(cat {redis_url_file(args.workdir)})" '
             f"python -m producer status --run {run}\n"
             "\nEverything is still running so you can look around. Press Ctrl-C to stop."
