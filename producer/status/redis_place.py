@@ -14,7 +14,7 @@ import redis
 
 from producer.status.model import RedisPlace
 from workers.state.redis_address import is_sentinel_url, sentinel_address
-from workers.state.redis_client import SENTINEL_TIMEOUT_S
+from workers.state.redis_client import sentinel_kwargs
 
 CONFIG_EPOCH = "config-epoch"
 REPLICAS = "num-slaves"
@@ -27,7 +27,7 @@ def redis_place(url: str) -> RedisPlace | None:
     address = sentinel_address(url)
     answers: list[dict[str, object]] = []
     for host, port in address.sentinels:
-        sentinel = redis.Redis(host=host, port=port, socket_timeout=SENTINEL_TIMEOUT_S, decode_responses=True)
+        sentinel = redis.Redis(host=host, port=port, decode_responses=True, **sentinel_kwargs(address))
         with contextlib.suppress(redis.RedisError), sentinel:
             answers.append(sentinel.sentinel_master(address.master_name))
     if not answers:

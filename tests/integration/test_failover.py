@@ -1,9 +1,12 @@
 """The fleet outlives its Redis primary: every process is given the Sentinels' addresses, and a failover in
 the middle of a run loses no prompt and commits none twice.
 
-Real processes: a primary and a replica redis-server and three Sentinels on loopback (each from a config
-file of its own: a failover rewrites them), a simulated GPU, a generate worker and the uploader, all given
-the same `sentinel://` URL as DRAFTGEN_REDIS_URL, with the README's defaults otherwise.
+Real processes: a primary and a replica redis-server and three Sentinels on loopback, set up as
+deploy/multi-node.md sets up a fleet's (TLS only, the ACL users of deploy/redis-users.acl on every server,
+the replication and Sentinel users included, each process from a config file of its own: a failover
+rewrites them; tests/support/sentinel_group.py), two simulated GPUs with a generate worker each and the
+uploader, each process given its own user's `sentinel://` URL as DRAFTGEN_REDIS_URL, with the README's
+defaults otherwise.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import pytest
 from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until, worker_env
 from inference.simulator import RequestRecord
 from tests.support import prompt_files
+from tests.support.redis_head import GPU_NODES, RoleStack, node_user
 from tests.support.sentinel_group import SentinelGroup, sentinel_group
-from tests.support.stack import Stack, simulators
+from tests.support.stack import simulators
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
 from workers.state.redis_client import connect
@@ -29,14 +33,19 @@ from workers.state.redis_client import connect
 pytestmark = pytest.mark.integration
 
 SPEEDUP = 20.0
-PROMPTS = 600
+GPUS = 2
+PROMPTS = 1200
 BATCH_SIZE = "16"
-HANDED_OVER_BEFORE_THE_KILL = 150  # of 600: the GPU has most of the run still to generate
+HANDED_OVER_BEFORE_THE_KILL = 300  # of 1200: the GPUs have most of the run still to generate
 RUN = "failover"
 FINISH_TIMEOUT_S = 180.0
 SLOTS_WINDOW_S = 10.0
-# Of the requests the GPU ran before the kill, over the same span after it (0.8-1.1 measured).
-BUSY_THROUGH_THE_FAILOVER = 0.7
+# The GPUs go on within 30 s of the new primary's election (the issue's bound): each is back to this share of
+# the requests it ran in the 10 s before the kill (measured: 1.8-3.2 s after the election; the workers'
+# consumers reconnect on Celery's 2 s, 4 s, ... steps)
+BACK_TO_SHARE = 0.8
+GO_ON_WITHIN_S = 30.0
+SAMPLE_STEP_S = 0.25
 PROMPT_WAIT_S = 60.0
 SERVICE_START_S = 30.0
 
@@ -48,9 +57,18 @@ def group(tmp_path: Path) -> Iterator[SentinelGroup]:
 
 
 @pytest.fixture
-def stack(group: SentinelGroup, log_dir: Path) -> Iterator[Stack]:
-    sims = simulators(1, speedup=SPEEDUP)
-    stack = Stack(group.url, log_dir, sims, fast=False)  # the README's defaults
+def stack(group: SentinelGroup, log_dir: Path) -> Iterator[RoleStack]:
+    sims = simulators(GPUS, speedup=SPEEDUP)
+    urls, node = group.urls, GPU_NODES[0]
+    stack = RoleStack(
+        urls["producer"],
+        log_dir,
+        sims,
+        fast=False,  # the README's defaults
+        worker_url=urls[node_user(node)],
+        worker_host=node,
+        uploader_url=urls["uploader"],
+    )
     try:
         yield stack
     finally:
@@ -61,7 +79,7 @@ def stack(group: SentinelGroup, log_dir: Path) -> Iterator[Stack]:
 
 @pytest.mark.parametrize("replica_behind", [False, True], ids=["replica-in-sync", "replica-behind"])
 def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
-    group: SentinelGroup, stack: Stack, tmp_path: Path, replica_behind: bool
+    group: SentinelGroup, stack: RoleStack, tmp_path: Path, replica_behind: bool
 ) -> None:
     # Given a run under way through the Sentinels' primary, a quarter of it generated
     stack.start()
@@ -69,7 +87,7 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
         tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "fo")]
     )
     stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
-    ledger = RunLedger(connect(group.url), RUN)  # retried through the failover, as a worker's
+    ledger = RunLedger(connect(stack.redis_url), RUN)  # retried through the failover, as a worker's
     wait_until(
         lambda: ledger.counts().remaining <= PROMPTS - HANDED_OVER_BEFORE_THE_KILL,
         timeout_s=PROMPT_WAIT_S,
@@ -91,11 +109,13 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     group.kill(old_primary)
     killed_at, killed_at_wall = time.monotonic(), time.time()
     new_primary = group.wait_failover_from(old_primary)
+    elected_at_wall = time.time()
     assert new_primary != old_primary
     group.restore_replica_auth()
 
     # Then the run finishes by itself, with no process restarted, and every prompt is committed once
     stack.wait_finished(RUN, timeout_s=FINISH_TIMEOUT_S)
+    finished_after_s = time.monotonic() - killed_at
     assert all(process.alive() for process in [*stack.generators, stack.uploader] if process is not None)
     result = stack.verify(RUN)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -104,18 +124,42 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     assert status.returncode == 0, status.stderr
     assert f"at 127.0.0.1:{new_primary}, as 3 of 3 Sentinels say; 1 failover" in status.stdout, status.stdout
 
-    # And the GPU was kept busy through the failover (the batches it held need no Redis to be sent)
-    records = stack.sims[0].admin.requests()
-    before = busy_slots(records, killed_at_wall - SLOTS_WINDOW_S, killed_at_wall)
-    after = busy_slots(records, killed_at_wall, killed_at_wall + SLOTS_WINDOW_S)
+    # And no user (the processes', the replication's, the Sentinels') was refused anything on the new primary
+    assert group.refusals(new_primary) == []
+
+    # And the GPUs went on once the new primary was elected (while the Sentinels judged the primary down,
+    # 5 s, they ran the batches they held: those need no Redis to be sent)
+    busy: list[tuple[float, float, float]] = []
+    for sim in stack.sims:
+        records = sim.admin.requests()
+        before = busy_slots(records, killed_at_wall - SLOTS_WINDOW_S, killed_at_wall)
+        between = busy_slots(records, killed_at_wall, elected_at_wall)
+        back_after_s = time_back_to(records, BACK_TO_SHARE * before, elected_at_wall) - elected_at_wall
+        busy.append((before, between, back_after_s))
     print(
-        f"failover to {new_primary}, {lost_bytes} bytes of writes lost with the primary; "
-        f"{remaining_at_the_kill} prompts still to generate at the kill; "
-        f"finished {time.monotonic() - killed_at:.1f} s after it; requests running: {before:.1f} in the "
-        f"{SLOTS_WINDOW_S:.0f} s before the kill, {after:.1f} in the {SLOTS_WINDOW_S:.0f} s after"
+        f"failover to {new_primary} elected {elected_at_wall - killed_at_wall:.1f} s after the kill, "
+        f"{lost_bytes} bytes of writes lost with the primary; {remaining_at_the_kill} prompts still to "
+        f"generate at the kill; finished {finished_after_s:.1f} s after it; per GPU, requests running in the "
+        f"{SLOTS_WINDOW_S:.0f} s before the kill, until the election, and how long after it the GPU was back "
+        f"to {BACK_TO_SHARE:.0%} of them: "
+        + ", ".join(f"{before:.1f} / {between:.1f} / {back:.1f} s" for before, between, back in busy)
     )
-    assert after >= BUSY_THROUGH_THE_FAILOVER * before, (before, after)
+    assert all(back <= GO_ON_WITHIN_S for _, _, back in busy), busy
     assert (lost_bytes > 0) == replica_behind  # the writes lost are the case's, not by chance
+
+
+def time_back_to(records: list[RequestRecord], level: float, since: float) -> float:
+    """The first moment from `since` (Unix seconds) at which the server held at least `level` requests."""
+    last = max(record.finished_at or record.received_at for record in records)
+    moment = since
+    while moment <= last:
+        held = sum(
+            1 for record in records if record.received_at <= moment < (record.finished_at or float("inf"))
+        )
+        if held >= level:
+            return moment
+        moment += SAMPLE_STEP_S
+    return float("inf")
 
 
 def busy_slots(records: list[RequestRecord], start: float, end: float) -> float:
@@ -130,14 +174,15 @@ def test_flower_and_the_metrics_exporter_reach_redis_through_its_sentinels(
     group: SentinelGroup, log_dir: Path
 ) -> None:
     # Given Flower and the metrics exporter given the Sentinels' URL, as every other process is
-    env = worker_env(group.url, {"FLOWER_UNAUTHENTICATED_API": "true", "DRAFTGEN_FLOWER_OPEN_API": "1"})
+    urls = group.urls
+    env = worker_env(urls["flower"], {"FLOWER_UNAUTHENTICATED_API": "true", "DRAFTGEN_FLOWER_OPEN_API": "1"})
     flower_port, metrics_port = free_port(), free_port()
     flower = flower_process(flower_port, env, log_dir).start()
     exporter = ManagedProcess(
         "metrics",
         [sys.executable, "-m", "producer", "metrics", "--port", str(metrics_port)],
         log_dir / "metrics.log",
-        env=env,
+        env=worker_env(urls["producer"], {}),
     ).start()
     flower_url, metrics_url = f"http://127.0.0.1:{flower_port}", f"http://127.0.0.1:{metrics_port}/metrics"
     try:

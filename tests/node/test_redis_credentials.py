@@ -79,3 +79,36 @@ def test_the_script_refuses_what_names_no_gpu_node_in_one_line_and_writes_nothin
     [line] = result.stderr.splitlines()
     assert said in line
     assert not (tmp_path / "etc" / "redis-users.acl").exists()
+
+
+def test_with_sentinels_every_url_names_them_and_the_servers_and_sentinels_get_their_own_logins(
+    tmp_path: Path,
+) -> None:
+    sentinels = ("--sentinel", "10.0.0.1", "--sentinel", "10.0.0.2:26380", "--sentinel", "10.0.0.3")
+    result = credentials(tmp_path / "etc", "--gpu-node", "gpu1", *sentinels, "--master-name", "fleet")
+
+    assert result.returncode == 0, result.stderr
+    etc = tmp_path / "etc"
+    url = (etc / "redis-worker-gpu1.env").read_text()
+    assert url.startswith('DRAFTGEN_REDIS_URL="sentinel://worker-gpu1:')
+    assert "@10.0.0.1:26379/0?master_name=fleet&ssl_cert_reqs=required&ssl_ca_certs=" in url
+    assert url.rstrip().endswith(';sentinel://10.0.0.2:26380;sentinel://10.0.0.3:26379"')
+    assert {"replica", "sentinel"} <= set(acl_users(etc / "redis-users.acl"))
+    replica_password = (etc / "redis-passwords" / "replica").read_text().strip()
+    replication = (etc / "redis-replication.conf").read_text()
+    assert replication == f"masteruser replica\nmasterauth {replica_password}\n"
+    first = (etc / "sentinel.conf.initial").read_text()
+    assert "sentinel monitor fleet head.example.internal 6380 2\n" in first  # a majority of three
+    assert "sentinel auth-user fleet sentinel\n" in first
+    assert f"include {DEPLOY / 'sentinel.conf'}\n" in first
+    assert "sentinel down-after-milliseconds fleet 5000\n" in first
+    assert PLACEHOLDER.search(first) is None
+    assert not (etc / "redis-sentinel.env").exists()  # no process logs in as a server's user
+
+
+def test_fewer_than_three_sentinels_are_refused_saying_why(tmp_path: Path) -> None:
+    result = credentials(tmp_path / "etc", "--gpu-node", "gpu1", "--sentinel", "a", "--sentinel", "b")
+
+    assert result.returncode == BAD_USAGE
+    assert "name at least three Sentinels" in result.stderr
+    assert not (tmp_path / "etc").exists()

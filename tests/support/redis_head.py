@@ -66,11 +66,9 @@ def head_config(root: Path, tls_port: int, certificates: CertificateFiles, acl_f
     return config
 
 
-def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
-    """Credentials, TLS certificates and redis-server, as the guide sets up the head node."""
-    tls_port = free_port()
-    etc = root / "etc"
-    certificates = make_test_certificates(root / "tls")
+def write_credentials(etc: Path, port: int, certificates: CertificateFiles, *options: str) -> None:
+    """deploy/redis-credentials.sh as the guide runs it, for a server on 127.0.0.1:`port` (`options`: more
+    of the script's, e.g. its Sentinels), writing into `etc`."""
     subprocess.run(
         [
             str(CREDENTIALS_SCRIPT),
@@ -79,16 +77,25 @@ def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
             "--host",
             LOOPBACK_IP,
             "--port",
-            str(tls_port),
+            str(port),
             "--ca",
             str(certificates.ca_cert),
             "--redis-user",
             getpass.getuser(),
             *(option for host in GPU_NODES for option in ("--gpu-node", host)),
+            *options,
         ],
         check=True,
         capture_output=True,
     )
+
+
+def start_redis_head(root: Path, log_dir: Path) -> RedisHead:
+    """Credentials, TLS certificates and redis-server, as the guide sets up the head node."""
+    tls_port = free_port()
+    etc = root / "etc"
+    certificates = make_test_certificates(root / "tls")
+    write_credentials(etc, tls_port, certificates)
     config = head_config(root, tls_port, certificates, etc / "redis-users.acl")
     process = ManagedProcess("redis-head", ["redis-server", str(config)], log_dir / "redis-head.log").start()
     process.wait_for_log("Ready to accept connections")

@@ -1,16 +1,15 @@
-"""A Redis primary, its replica and three Sentinels on loopback, each from a config file of its own.
-
-A failover sends CONFIG REWRITE to the servers (and the Sentinels rewrite their own files), so no process
-here runs from the checkout's deploy/redis.conf: each server starts from a copy in its own folder, with
-the shipped settings, the group's password (`requirepass`, and `masterauth` to follow a primary), and the
-replica's `replicaof`. The Sentinels notice a primary down after `DOWN_AFTER_MS` and fail over within
-seconds: the production values (deploy/) are longer.
+"""A Redis primary, its replica and three Sentinels on loopback, set up as deploy/multi-node.md (section 6)
+sets up a fleet's: TLS only (a test CA), the ACL users of deploy/redis-users.acl on every server (the
+replication and Sentinel users included), credentials and the Sentinels' first config from
+deploy/redis-credentials.sh --sentinel, the Sentinels' settings from deploy/sentinel.conf and
+deploy/sentinel-primary.conf as shipped, and each process from a config file of its own (a failover sends
+CONFIG REWRITE, and the Sentinels rewrite their own files). Only the ports, folders and certificates are
+the test's own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,70 +17,75 @@ from pathlib import Path
 
 import redis
 
-from devstack.local_stack import REDIS_CONF, ManagedProcess, free_port, wait_until
+from devstack.local_stack import ManagedProcess, free_port, wait_until
+from tests.support.redis_head import (
+    GPU_NODES,
+    ROLES,
+    head_config,
+    node_user,
+    url_in_env_file,
+    write_credentials,
+)
+from tests.support.tls import LOOPBACK_IP, CertificateFiles, make_test_certificates
 
 MASTER_NAME = "draftgen"
-QUORUM = 2
-DOWN_AFTER_MS = 1000
-FAILOVER_TIMEOUT_MS = 5000
 SENTINELS = 3
-PASSWORD_BYTES = 16
 READY_TIMEOUT_S = 20.0
-FAILOVER_WAIT_S = 30.0
+# deploy/sentinel-primary.conf: down after 5 s, then the election and the promotion
+FAILOVER_WAIT_S = 45.0
 WRONG_PASSWORD = "not-the-password"
 LAG_BYTES = 10_000  # of writes the replica lacks when the primary dies, in the case that cuts it off
+ADMIN = "admin"
+ACL_LOG_ENTRIES = 1000
+IGNORED_REFUSALS = frozenset({"client|setinfo"})
 
 
 @dataclass
 class SentinelGroup:
     folder: Path
-    password: str = field(default_factory=lambda: secrets.token_hex(PASSWORD_BYTES), repr=False)
+    certificates: CertificateFiles
+    etc: Path  # what redis-credentials.sh wrote
+    first_primary: int
+    sentinel_ports: list[int]
     servers: dict[int, ManagedProcess] = field(default_factory=dict)  # by port; the first started is primary
     sentinels: dict[int, ManagedProcess] = field(default_factory=dict)
 
     @property
-    def url(self) -> str:
-        """The Sentinel URL every draftgen process is given (workers/state/redis_address.py)."""
-        first, *others = self.sentinels
-        urls = [f"sentinel://:{self.password}@127.0.0.1:{first}/0?master_name={MASTER_NAME}"]
-        urls += [f"sentinel://127.0.0.1:{port}" for port in others]
-        return ";".join(urls)
+    def urls(self) -> dict[str, str]:
+        """Each user's `sentinel://` URL, as its env file holds it."""
+        users = [*ROLES, *(node_user(host) for host in GPU_NODES)]
+        return {user: url_in_env_file(self.etc / f"redis-{user}.env") for user in users}
+
+    def password(self, user: str) -> str:
+        return (self.etc / "redis-passwords" / user).read_text().strip()
 
     def start_server(self, replica_of: int | None = None) -> int:
-        port = free_port()
+        port = self.first_primary if replica_of is None else free_port()
         folder = self.folder / f"redis-{port}"
         folder.mkdir(parents=True)
-        config = folder / "redis.conf"
-        shutil.copy(REDIS_CONF, config)
-        lines = [
-            f"requirepass {self.password}",
-            f"masterauth {self.password}",
-            f"port {port}",
-            f"dir {folder}",
-        ]
+        config = head_config(folder, port, self.certificates, self.etc / "redis-users.acl")
+        lines = [f"include {self.etc / 'redis-replication.conf'}", "tls-replication yes"]
         if replica_of is not None:
-            lines.append(f"replicaof 127.0.0.1 {replica_of}")
+            lines.append(f"replicaof {LOOPBACK_IP} {replica_of}")
         with config.open("a") as file:
-            file.write("\n" + "\n".join(lines) + "\n")
-        config.chmod(0o600)
+            file.write("\n".join(lines) + "\n")
         process = ManagedProcess(f"redis-{port}", ["redis-server", str(config)], folder / "redis.log").start()
         process.wait_for_log("Ready to accept connections")
         self.servers[port] = process
         return port
 
-    def start_sentinel(self, primary: int) -> int:
-        port = free_port()
+    def start_sentinel(self, port: int) -> int:
         folder = self.folder / f"sentinel-{port}"
         folder.mkdir(parents=True)
         config = folder / "sentinel.conf"
-        config.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
-            f"sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} {QUORUM}\n"
-            f"sentinel auth-pass {MASTER_NAME} {self.password}\n"
-            f"sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {MASTER_NAME} {FAILOVER_TIMEOUT_MS}\n"
-            f"sentinel parallel-syncs {MASTER_NAME} 1\n"
-        )
+        shutil.copy(self.etc / "sentinel.conf.initial", config)
+        with config.open("a") as file:  # below the shipped settings: this test's ports, folder, certificates
+            file.write(
+                f"tls-port {port}\nbind {LOOPBACK_IP}\ndir {folder}\n"
+                f"tls-cert-file {self.certificates.server_cert}\n"
+                f"tls-key-file {self.certificates.server_key}\n"
+                f"tls-ca-cert-file {self.certificates.ca_cert}\n"
+            )
         config.chmod(0o600)
         process = ManagedProcess(
             f"sentinel-{port}", ["redis-server", str(config), "--sentinel"], folder / "sentinel.log"
@@ -90,17 +94,40 @@ class SentinelGroup:
         self.sentinels[port] = process
         return port
 
+    def sentinel(self, port: int) -> redis.Redis:
+        return redis.Redis(
+            host=LOOPBACK_IP,
+            port=port,
+            socket_timeout=1,
+            ssl=True,
+            ssl_ca_certs=str(self.certificates.ca_cert),
+        )
+
     def primary_port(self) -> int:
         """The port of the primary the Sentinels name now."""
         for port in self.sentinels:
             with contextlib.suppress(redis.RedisError):
-                client = redis.Redis(port=port, socket_timeout=1)
-                _, primary = client.sentinel_get_master_addr_by_name(MASTER_NAME)
+                _, primary = self.sentinel(port).sentinel_get_master_addr_by_name(MASTER_NAME)
                 return int(primary)
         raise AssertionError("no Sentinel answers")
 
     def server(self, port: int) -> redis.Redis:
-        return redis.Redis(port=port, password=self.password)
+        """The server on `port`, as `admin` (maintenance by hand)."""
+        return redis.Redis(
+            host=LOOPBACK_IP,
+            port=port,
+            username=ADMIN,
+            password=self.password(ADMIN),
+            ssl=True,
+            ssl_ca_certs=str(self.certificates.ca_cert),
+        )
+
+    def refusals(self, port: int) -> list[dict[str, object]]:
+        """ACL LOG of the server on `port`: every command, key or channel a user was refused there (redis-py's
+        CLIENT SETINFO, which it ignores, aside)."""
+        return [
+            entry for entry in self.server(port).acl_log(count=1000) if entry["object"] != "client|setinfo"
+        ]
 
     def wait_replica_in_sync(self, replica: int) -> None:
         def synced() -> bool:
@@ -111,8 +138,7 @@ class SentinelGroup:
 
     def wait_sentinels_know_replica(self) -> None:
         def known() -> bool:
-            client = redis.Redis(port=next(iter(self.sentinels)))
-            return bool(client.sentinel_slaves(MASTER_NAME))
+            return all(self.sentinel(port).sentinel_slaves(MASTER_NAME) for port in self.sentinels)
 
         wait_until(known, timeout_s=READY_TIMEOUT_S, what="the Sentinels to know the replica")
 
@@ -139,7 +165,7 @@ class SentinelGroup:
     def restore_replica_auth(self) -> None:
         for port, process in self.servers.items():
             if process.alive():
-                self.server(port).config_set("masterauth", self.password)
+                self.server(port).config_set("masterauth", self.password("replica"))
 
     def wait_failover_from(self, old_primary: int) -> int:
         wait_until(lambda: self.primary_port() != old_primary, timeout_s=FAILOVER_WAIT_S, what="a failover")
@@ -153,13 +179,18 @@ class SentinelGroup:
 @contextlib.contextmanager
 def sentinel_group(folder: Path) -> Iterator[SentinelGroup]:
     """A primary and a replica in sync, watched by three Sentinels that know both."""
-    group = SentinelGroup(folder)
+    certificates = make_test_certificates(folder / "tls")
+    primary, sentinels = free_port(), [free_port() for _ in range(SENTINELS)]
+    etc = folder / "etc"
+    sentinel_options = (option for port in sentinels for option in ("--sentinel", f"{LOOPBACK_IP}:{port}"))
+    write_credentials(etc, primary, certificates, *sentinel_options, "--master-name", MASTER_NAME)
+    group = SentinelGroup(folder, certificates, etc, primary, sentinels)
     try:
-        primary = group.start_server()
+        group.start_server()
         replica = group.start_server(replica_of=primary)
         group.wait_replica_in_sync(replica)
-        for _ in range(SENTINELS):
-            group.start_sentinel(primary)
+        for port in sentinels:
+            group.start_sentinel(port)
         group.wait_sentinels_know_replica()
         yield group
     finally:

@@ -3,6 +3,8 @@ broker reads the Sentinels' addresses the way kombu's Sentinel transport does.""
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 import redis
 from redis.sentinel import MasterNotFoundError
@@ -15,6 +17,12 @@ from workers.errors import InvalidSetting
 from workers.settings import WorkerSettings, has_password, redacted_url
 from workers.state.redis_address import BadRedisAddress, SentinelAddress, is_sentinel_url, sentinel_address
 from workers.state.redis_client import SENTINEL_TIMEOUT_S, client_for, no_primary_reason
+from workers.state.sentinel_connection import PrimarySSLConnection
+
+
+def broker_options(url: str) -> BrokerOptions:
+    return BrokerOptions(redis_url=url, visibility_timeout_s=60, unacked_restore_interval_s=5)
+
 
 URL = "sentinel://gpu-node:s3cret@10.0.0.1:26379/2?master_name=draftgen;sentinel://10.0.0.2;sentinel://10.0.0.3:26380"
 
@@ -51,9 +59,7 @@ def test_a_sentinel_url_that_does_not_say_enough_is_refused_naming_what(url: str
 
 
 def test_kombu_gets_the_sentinels_with_the_login_and_db_on_the_first_and_the_primary_as_an_option() -> None:
-    config = broker_config(
-        BrokerOptions(redis_url=URL, visibility_timeout_s=60, unacked_restore_interval_s=5)
-    )
+    config = broker_config(broker_options(URL))
     assert config["broker_url"] == (
         "sentinel://gpu-node:s3cret@10.0.0.1:26379/2;sentinel://10.0.0.2:26379;sentinel://10.0.0.3:26380"
     )
@@ -106,3 +112,47 @@ def test_no_primary_found_is_said_in_one_line_without_redis_pys_client_reprs() -
         "No master found for 'm': its Sentinels know no primary by that name that is up"
     )
     assert no_primary_reason(redis.ConnectionError("refused")) is None
+
+
+TLS_URL = (
+    "sentinel://w:pw@10.0.0.1:26379/0?master_name=draftgen&ssl_ca_certs=/etc/draftgen/redis-ca.pem"
+    ";sentinel://10.0.0.2:26379"
+)
+
+
+def test_a_sentinel_url_with_tls_options_is_tls_to_the_sentinels_and_to_the_primary() -> None:
+    address = sentinel_address(TLS_URL)
+    tls = {"ssl": True, "ssl_ca_certs": "/etc/draftgen/redis-ca.pem", "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    assert address.ssl_kwargs() == tls
+    # the state client: the Sentinels and the primary's connections both over TLS, the certificate checked
+    client = client_for(TLS_URL)
+    pool = client.connection_pool
+    assert pool.connection_kwargs["ssl_ca_certs"] == "/etc/draftgen/redis-ca.pem"
+    assert pool.connection_class is PrimarySSLConnection  # asks the Sentinels on every connect
+    sentinel_client = pool.sentinel_manager.sentinels[0]
+    assert sentinel_client.connection_pool.connection_class is redis.SSLConnection
+    # the broker (and Flower, which reads the same settings): TLS to the primary and to the Sentinels
+    config = broker_config(
+        BrokerOptions(redis_url=TLS_URL, visibility_timeout_s=60, unacked_restore_interval_s=5)
+    )
+    assert config["broker_use_ssl"] == address.tls_options()
+    assert config["broker_transport_options"]["sentinel_kwargs"]["ssl"] is True
+    assert "ssl_ca_certs" not in config["broker_url"]  # kombu reads TLS from broker_use_ssl only
+
+
+def test_a_sentinel_url_without_tls_options_stays_plain_tcp() -> None:
+    assert sentinel_address(URL).ssl_kwargs() == {}
+    config = broker_config(broker_options(URL))
+    assert config["broker_use_ssl"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "complaint"),
+    [
+        ("ssl_cert_reqs=sometimes", "ssl_cert_reqs='sometimes' in the Redis URL: use one of required"),
+        ("ssl_ca_certs=/a;sentinel://b?ssl_ca_certs=/b", "gives ssl_ca_certs twice, differently"),
+    ],
+)
+def test_a_sentinel_url_with_bad_tls_options_is_refused_naming_them(query: str, complaint: str) -> None:
+    with pytest.raises(BadRedisAddress, match=complaint):
+        sentinel_address(f"sentinel://a?master_name=m&{query}")

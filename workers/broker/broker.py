@@ -14,7 +14,7 @@ from workers.broker.broker_tls import broker_use_ssl
 from workers.state.batch_priority import UNCLASSED_BATCH_PRIORITY
 from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, KOMBU_PRIORITY_STEPS, UPLOAD_QUEUE
 from workers.state.redis_address import is_sentinel_url, sentinel_address
-from workers.state.redis_client import SENTINEL_TIMEOUT_S
+from workers.state.redis_client import sentinel_kwargs
 
 if TYPE_CHECKING:  # Celery is loaded only by a process that sends or consumes
     from celery import Celery
@@ -39,13 +39,8 @@ def sentinel_options(redis_url: str) -> tuple[str, dict[str, Any]]:
     if not is_sentinel_url(redis_url):
         return redis_url, {}
     address = sentinel_address(redis_url)
-    return address.broker_url(), {
-        "master_name": address.master_name,
-        "sentinel_kwargs": {
-            "socket_timeout": SENTINEL_TIMEOUT_S,
-            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
-        },
-    }
+    options = {"master_name": address.master_name, "sentinel_kwargs": sentinel_kwargs(address)}
+    return address.broker_url(), options
 
 
 def broker_config(options: BrokerOptions) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from workers.broker.parked_messages import UNACKED_QUEUE, ParkedMessage, park_or
 from workers.errors import MalformedMessage
 from workers.state.queues import KOMBU_PRIORITY_STEPS, TASK_OF_QUEUE
 from workers.state.redis_address import DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME
+from workers.state.sentinel_connection import PrimaryConnection, PrimarySSLConnection
 
 TRANSPORT_PATH = "workers.broker.broker_transport:Transport"
 SENTINEL_TRANSPORT_PATH = "workers.broker.broker_transport:SentinelTransport"
@@ -230,7 +231,11 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     """The same channel on the primary a set of Sentinels names (kombu's Sentinel channel underneath: its
     pool asks them for the primary on each new connection, so a failover is followed by reconnecting).
     Like the connection settings, the Sentinels' addresses are remembered for a pool rebuilt after the
-    connection closed."""
+    connection closed. Its connections ask the Sentinels on every connect, a retry's included, as the
+    state client's do (workers/state/sentinel_connection.py)."""
+
+    connection_class = PrimaryConnection
+    connection_class_ssl = PrimarySSLConnection
 
     def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
         params = self._connparams(asynchronous)

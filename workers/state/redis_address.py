@@ -6,8 +6,11 @@ replicas, so that every process follows the primary through a failover without a
     sentinel://[user:password@]host1:26379[/db][?master_name=NAME];sentinel://host2:26379;sentinel://host3:26379
 
 The user and password are the Redis user's on the primary (the ACL users of docs/security.md, as on
-a `redis://` URL); the db and `master_name` (the name the Sentinels know the primary by, `sentinel monitor
-NAME ...`) may be given on any one of the addresses. The Sentinels themselves are asked without a login.
+a `redis://` URL); the db, `master_name` (the name the Sentinels know the primary by, `sentinel monitor
+NAME ...`) and the TLS options may be given on any one of the addresses. The Sentinels themselves are
+asked without a login. TLS: the options of a `rediss://` URL (`ssl_ca_certs`, `ssl_cert_reqs`,
+`ssl_certfile`, `ssl_keyfile`; workers/state/redis_tls.py), any of them, make every connection TLS, to
+the Sentinels and to the primary alike (one CA for the group, as deploy/multi-node.md sets it up).
 Celery's broker reads the same addresses (kombu's Sentinel transport, with `master_name` in its transport
 options); the state client asks the Sentinels with redis-py's `Sentinel.master_for`.
 """
@@ -15,9 +18,11 @@ options); the state client asks the Sentinels with redis-py's `Sentinel.master_f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from workers.errors import Refused
+from workers.errors import InvalidSetting, Refused
+from workers.state.redis_tls import TLS_PARAMETERS, tls_options
 
 SENTINEL_SCHEME = "sentinel"
 SENTINEL_SEPARATOR = ";"
@@ -25,6 +30,7 @@ MASTER_NAME_KEY = "master_name"
 DEFAULT_SENTINEL_PORT = 26379
 DEFAULT_DB = 0
 SENTINEL_EXAMPLE = "sentinel://user:password@host1:26379/0?master_name=draftgen;sentinel://host2:26379"
+SSL_FLAG = "ssl"  # redis-py's keyword: TLS on, the options beside it say how
 
 
 class BadRedisAddress(Refused):
@@ -38,6 +44,16 @@ class SentinelAddress:
     db: int = DEFAULT_DB
     username: str | None = None
     password: str | None = None
+    tls: tuple[tuple[str, str], ...] = ()  # the URL's TLS options as written; none: plain TCP
+
+    def tls_options(self) -> dict[str, Any] | None:
+        """The TLS options as kombu's `broker_use_ssl` takes them; None without TLS."""
+        return tls_options(dict(self.tls)) if self.tls else None
+
+    def ssl_kwargs(self) -> dict[str, Any]:
+        """redis-py's keyword arguments of a TLS connection (to a Sentinel or the primary); {} without."""
+        options = self.tls_options()
+        return {} if options is None else {SSL_FLAG: True, **options}
 
     def broker_url(self) -> str:
         """The addresses as kombu's Sentinel transport reads them: the first carries the login and the db."""
@@ -61,6 +77,7 @@ def sentinel_address(url: str) -> SentinelAddress:
     master_names: set[str] = set()
     db: int | None = None
     username = password = None
+    tls: dict[str, str] = {}
     for number, part in enumerate(url.strip().split(SENTINEL_SEPARATOR), start=1):
         split = urlsplit(part.strip())
         if split.scheme.lower() != SENTINEL_SCHEME or not split.hostname:
@@ -80,17 +97,27 @@ def sentinel_address(url: str) -> SentinelAddress:
             if not path.isdecimal():
                 raise BadRedisAddress(f"address {number} of the Sentinel URL names db {path!r}, not a number")
             db = int(path)
-        master_names.update(parse_qs(split.query).get(MASTER_NAME_KEY, []))
+        query = parse_qs(split.query)
+        master_names.update(query.get(MASTER_NAME_KEY, []))
+        for name in TLS_PARAMETERS:
+            for value in query.get(name, []):
+                if tls.setdefault(name, value) != value:
+                    raise BadRedisAddress(f"the Sentinel URL gives {name} twice, differently")
     if len(master_names) != 1:
         said = "names no primary" if not master_names else "names more than one primary"
         raise BadRedisAddress(
             f"the Sentinel URL {said}: add ?{MASTER_NAME_KEY}=NAME, the name the Sentinels monitor it by "
             f"(e.g. {SENTINEL_EXAMPLE})"
         )
+    try:
+        tls_options(tls)
+    except InvalidSetting as error:
+        raise BadRedisAddress(str(error)) from None
     return SentinelAddress(
         sentinels=tuple(sentinels),
         master_name=master_names.pop(),
         db=DEFAULT_DB if db is None else db,
         username=username,
         password=password,
+        tls=tuple(sorted(tls.items())),
     )

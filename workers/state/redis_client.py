@@ -20,9 +20,10 @@ from typing import Any
 import redis
 from redis.backoff import AbstractBackoff
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from workers.state.redis_address import is_sentinel_url, sentinel_address
+from workers.state.redis_address import SSL_FLAG, SentinelAddress, is_sentinel_url, sentinel_address
+from workers.state.sentinel_connection import primary_connection_class
 
 REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
@@ -88,14 +89,28 @@ def client_for(url: str, **options: Any) -> redis.Redis:
     address = sentinel_address(url)
     # The timeouts are the Sentinels' own: the primary's connections get the caller's `options`, as a
     # server's URL would (a Sentinel's keyword arguments beside sentinel_kwargs go to the primary's).
-    sentinels = Sentinel(
-        list(address.sentinels),
-        sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT_S, "socket_connect_timeout": SENTINEL_TIMEOUT_S},
+    sentinels = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs(address))
+    login = {"db": address.db, "username": address.username, "password": address.password}
+    return sentinel_client(sentinels, address.master_name, **login, **address.ssl_kwargs(), **options)
+
+
+def sentinel_client(sentinels: Any, master_name: str, **options: Any) -> redis.Redis:
+    """A client of the primary `sentinels` (a redis-py Sentinel) name, asked again on every connect, a
+    retry's included (workers/state/sentinel_connection.py)."""
+    tls = bool(options.pop(SSL_FLAG, False))
+    pool = SentinelConnectionPool(
+        master_name, sentinels, connection_class=primary_connection_class(tls), **options
     )
-    client: redis.Redis = sentinels.master_for(
-        address.master_name, db=address.db, username=address.username, password=address.password, **options
-    )
-    return client
+    return redis.Redis.from_pool(pool)
+
+
+def sentinel_kwargs(address: SentinelAddress) -> dict[str, Any]:
+    """How a Sentinel of `address` is asked: briefly (a dead one is passed over), over TLS if the URL says."""
+    return {
+        "socket_timeout": SENTINEL_TIMEOUT_S,
+        "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        **address.ssl_kwargs(),
+    }
 
 
 def no_primary_reason(error: redis.RedisError) -> str | None:
@@ -110,12 +125,16 @@ def no_primary_reason(error: redis.RedisError) -> str | None:
 
 
 def connect(url: str) -> redis.Redis:
-    return client_for(
-        url,
-        retry=ShortenableRetry(),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
-    )
+    return client_for(url, **retrying_options())
+
+
+def retrying_options() -> dict[str, Any]:
+    """A worker's client options: its one retry policy, on connection errors and timeouts."""
+    return {
+        "retry": ShortenableRetry(),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+    }
 
 
 def retry_briefly(client: redis.Redis) -> None:
