@@ -21,7 +21,6 @@ Last line: seat_free_after_s=<cut to newcomer seated> subscription_dropped_after
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,17 +33,12 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devstack.local_stack import free_port, redis_process
+from devstack.partition import HOST_ADDRESS, NodeBehindRouter, partition_supported
 from workers.errors import SeatHeld
 from workers.recovery.seat import Seat
 from workers.state.keys import seat_channel
 
 LABEL = "cut-off-node/gpu0"
-# worker namespace <-> router namespace <-> this host: the router drops the packets, so neither end's
-# kernel knows (a drop at a host's own interface is reported to its sockets, and TCP then behaves otherwise)
-WORKER_ADDRESS, ROUTER_WORKER_SIDE = "10.231.0.2", "10.231.0.1"
-HOST_ADDRESS, ROUTER_HOST_SIDE = "10.231.1.1", "10.231.1.2"
-WORKER_NET, PREFIX = "10.231.0.0/30", "/30"
-DROP_EVERYTHING = ("pfifo", "limit", "0")  # a queue that holds no packet: each one forwarded is dropped
 NEWCOMER_EVERY_S = 1.0
 HEAL_AFTER_TAKEN_S = 5.0
 SETTLE_S = 3.0  # after seating, before the cut: the holder's last acknowledgements are out (delayed ACKs)
@@ -82,56 +76,6 @@ while True:
 """
 
 
-def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
-
-
-def set_partition(router: str, cut: bool) -> None:
-    """Cut: the router's queue towards either side holds nothing, so every packet it forwards is dropped."""
-    for device in ("dg-r-w", "dg-r-h"):
-        queue = ["add", "dev", device, "root", *DROP_EVERYTHING] if cut else ["del", "dev", device, "root"]
-        sh("ip", "netns", "exec", router, "tc", "qdisc", *queue)
-
-
-def mac(device: str, namespace: str | None = None) -> str:
-    inside = ["ip", "netns", "exec", namespace] if namespace else []
-    path = f"/sys/class/net/{device}/address"
-    return subprocess.run([*inside, "cat", path], capture_output=True, text=True, check=True).stdout.strip()
-
-
-def make_namespaces(worker: str, router: str) -> None:
-    """The worker's host and a router between it and this host, with fixed neighbours: no ARP to fail
-    during the cut (a failed ARP is reported to the sockets as 'no route to host')."""
-    w, r = ["ip", "netns", "exec", worker], ["ip", "netns", "exec", router]
-    sh("ip", "netns", "add", worker)
-    sh("ip", "netns", "add", router)
-    sh("ip", "link", "add", "dg-w", "netns", worker, "type", "veth", "peer", "dg-r-w", "netns", router)
-    sh("ip", "link", "add", "dg-h", "type", "veth", "peer", "name", "dg-r-h", "netns", router)
-    sh(*w, "ip", "addr", "add", WORKER_ADDRESS + PREFIX, "dev", "dg-w")
-    sh(*r, "ip", "addr", "add", ROUTER_WORKER_SIDE + PREFIX, "dev", "dg-r-w")
-    sh(*r, "ip", "addr", "add", ROUTER_HOST_SIDE + PREFIX, "dev", "dg-r-h")
-    sh("ip", "addr", "add", HOST_ADDRESS + PREFIX, "dev", "dg-h")
-    for inside, device in ((w, "dg-w"), (w, "lo"), (r, "dg-r-w"), (r, "dg-r-h"), ([], "dg-h")):
-        sh(*inside, "ip", "link", "set", device, "up")
-    sh(*r, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-    sh(*w, "ip", "route", "add", "default", "via", ROUTER_WORKER_SIDE)
-    sh("ip", "route", "add", WORKER_NET, "via", ROUTER_HOST_SIDE)
-    for inside, address, device, peer, peer_ns in (
-        (w, ROUTER_WORKER_SIDE, "dg-w", "dg-r-w", router),
-        (r, WORKER_ADDRESS, "dg-r-w", "dg-w", worker),
-        (r, HOST_ADDRESS, "dg-r-h", "dg-h", None),
-        ([], ROUTER_HOST_SIDE, "dg-h", "dg-r-h", router),
-    ):
-        lladdr = mac(peer, peer_ns)
-        sh(*inside, "ip", "neigh", "replace", address, "lladdr", lladdr, "nud", "permanent", "dev", device)
-
-
-def remove_namespaces(worker: str, router: str) -> None:
-    subprocess.run(["ip", "link", "del", "dg-h"], capture_output=True)
-    for namespace in (worker, router):
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
-
-
 class HolderEvents:
     """What the cut-off worker says, as it says it: word -> (its clock, the rest of the line)."""
 
@@ -161,11 +105,11 @@ def say(cut: float, what: str) -> None:
 
 def main() -> None:
     argparse.ArgumentParser(description=__doc__).parse_args()
-    if os.geteuid() != 0:
-        sys.exit("needs root (ip netns, tc): run it with sudo")
-    worker_ns, router_ns = f"dg-worker-{os.getpid()}", f"dg-router-{os.getpid()}"
+    refused = partition_supported()
+    if refused is not None:
+        sys.exit(f"{refused}: run it with sudo")
     root = Path(tempfile.mkdtemp(prefix="bench-partition-"))
-    make_namespaces(worker_ns, router_ns)
+    node = NodeBehindRouter("dg").__enter__()
     port = free_port()
     server = redis_process(port, root / "data", root)
     server.argv = [*server.argv, "--bind", f"127.0.0.1 {HOST_ADDRESS}"]
@@ -174,7 +118,7 @@ def main() -> None:
     admin = redis.Redis.from_url(server.url)
     remote_url = server.url.replace("127.0.0.1", HOST_ADDRESS)
     holder = subprocess.Popen(
-        ["ip", "netns", "exec", worker_ns, sys.executable, "-c", HOLDER, remote_url, LABEL],
+        node.inside([sys.executable, "-c", HOLDER, remote_url, LABEL]),
         stdout=subprocess.PIPE,
         text=True,
         cwd=Path(__file__).resolve().parent.parent,
@@ -184,7 +128,7 @@ def main() -> None:
         _, token = events.wait("seated")
         channel = seat_channel(LABEL, token)
         time.sleep(SETTLE_S)
-        set_partition(router_ns, cut=True)
+        node.cut()
         cut = time.monotonic()
         say(cut, "the network is cut")
         dropped = taken = None
@@ -208,7 +152,7 @@ def main() -> None:
             sys.exit(f"the seat was not free {GIVE_UP_S:.0f} s after the cut")
         lease_stopped, _ = events.wait("lease-stopped")
         time.sleep(HEAL_AFTER_TAKEN_S)
-        set_partition(router_ns, cut=False)
+        node.heal()
         healed = time.monotonic()
         say(cut, "the network heals")
         stopped, reason = events.wait("lost")
@@ -221,7 +165,7 @@ def main() -> None:
     finally:
         holder.kill()
         server.stop()
-        remove_namespaces(worker_ns, router_ns)
+        node.remove()
 
 
 if __name__ == "__main__":
