@@ -23,6 +23,7 @@ from intake.row_fields import RowFields
 from producer.enqueue.enqueuer import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.enqueue.id_sources import IdSources
 from producer.enqueue.kept_columns import with_kept_columns
+from producer.enqueue.replicas import wait_for_replicas
 from producer.errors import (
     OutputError,
     SourceError,
@@ -251,4 +252,15 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
     )
     if stranded.expired_leases or stranded.stranded:
         print(f"requeued            {stranded.expired_leases + stranded.stranded} batches no message carried")
+    _say_replicated(client)
     return EXIT_OK
+
+
+def _say_replicated(client: redis.Redis) -> None:
+    """With replicas, the claims on every one of them before enqueue ends (producer/enqueue/replicas.py)."""
+    catch_up = wait_for_replicas(client)
+    if catch_up is None:
+        return
+    print(catch_up.line())
+    if warning := catch_up.warning():
+        print(f"warning: {warning}", file=sys.stderr)

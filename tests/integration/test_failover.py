@@ -86,7 +86,8 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     data = prompt_files.write_jsonl(
         tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "fo")]
     )
-    stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
+    enqueued = stack.enqueue(data, RUN, "--output", str(tmp_path / "out"), "--batch-size", BATCH_SIZE)
+    assert "replicated          every claim on 1 of 1 replica\n" in enqueued  # before enqueue ended
     ledger = RunLedger(connect(stack.redis_url), RUN)  # retried through the failover, as a worker's
     wait_until(
         lambda: ledger.counts().remaining <= PROMPTS - HANDED_OVER_BEFORE_THE_KILL,
