@@ -26,11 +26,13 @@
 #                                replicates (every server includes it: a failover makes a primary a replica)
 #   DIR/sentinel.conf.initial    with --sentinel: a Sentinel's first config (the primary to watch, how the
 #                                Sentinel logs in); copied once to each Sentinel host, which rewrites its copy
+#   DIR/sentinel-users.acl       with --sentinel: the users every Sentinel loads (deploy/sentinel-users.acl)
 set -euo pipefail
 umask 077
 
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TEMPLATE="$DEPLOY_DIR/redis-users.acl"
+SENTINEL_TEMPLATE="$DEPLOY_DIR/sentinel-users.acl"
 USERS=(admin producer uploader flower)  # each gets an env file: the processes that log in as it
 SERVER_USERS=(replica sentinel)  # redis-server's and the Sentinels' own logins to a server; no env file
 REPLICA_USER=replica
@@ -127,18 +129,18 @@ sha256_of() {
     printf '%s' "$1" | sha256sum | cut -d' ' -f1
 }
 
-render_acl() {  # the template without its comments, each @USER@ replaced by that user's hash
-    local script=() user
+render_acl() {  # a template without its comments, each @USER@ replaced by that user's hash
+    local template="$1" script=() user
     for user in "${USERS[@]}" "${SERVER_USERS[@]}"; do
         script+=(-e "s/@${user^^}@/$(sha256_of "$(password_of "$user")")/g")
     done
-    template_lines | grep -vF "$NODE_PLACEHOLDER" | sed "${script[@]}"
-    render_node_users
+    template_lines "$template" | grep -vF "$NODE_PLACEHOLDER" | sed "${script[@]}"
+    render_node_users "$template"
 }
 
 render_node_users() {  # the one template line of a GPU node's user, once per node
     local line node
-    line="$(template_lines | grep -F "$NODE_PLACEHOLDER")"
+    line="$(template_lines "$1" | grep -F "$NODE_PLACEHOLDER")"
     for node in "${gpu_nodes[@]}"; do
         printf '%s\n' "$line" | sed -e "s/$NODE_HASH_PLACEHOLDER/$(sha256_of "$(password_of "$NODE_USER_PREFIX$node")")/" \
             -e "s/$NODE_PLACEHOLDER/$node/g"
@@ -146,7 +148,7 @@ render_node_users() {  # the one template line of a GPU node's user, once per no
 }
 
 template_lines() {
-    grep -v '^#' "$TEMPLATE" | grep -v '^[[:space:]]*$'
+    grep -v '^#' "$1" | grep -v '^[[:space:]]*$'
 }
 
 url_of() {  # the URL of one user: TLS, the server's certificate checked against the CA
@@ -161,7 +163,8 @@ url_of() {  # the URL of one user: TLS, the server's certificate checked against
     for sentinel in "${sentinels[@]:1}"; do
         others+=";sentinel://$sentinel"
     done
-    printf 'sentinel://%s:%s@%s/0?master_name=%s&%s%s' "$user" "$password" "$first" "$master_name" "$tls" "$others"
+    printf 'sentinel://%s:%s@%s/0?master_name=%s&sentinel_auth=true&%s%s' \
+        "$user" "$password" "$first" "$master_name" "$tls" "$others"
 }
 
 write_env() {
@@ -182,6 +185,9 @@ write_sentinel_conf() {  # a Sentinel's first config: the shipped settings, the 
         echo "# draftgen's Sentinel: copy to /etc/draftgen/redis/sentinel.conf on each Sentinel host before its"
         echo "# first start (deploy/multi-node.md, section 6); the Sentinel rewrites its copy from then on."
         echo "include $DEPLOY_DIR/sentinel.conf"
+        echo "aclfile $dir/sentinel-users.acl"
+        echo "sentinel sentinel-user $SENTINEL_USER"
+        echo "sentinel sentinel-pass $(password_of "$SENTINEL_USER")"
         echo "sentinel monitor $master_name $host $port $quorum"
         echo "sentinel auth-user $master_name $SENTINEL_USER"
         echo "sentinel auth-pass $master_name $(password_of "$SENTINEL_USER")"
@@ -191,7 +197,7 @@ write_sentinel_conf() {  # a Sentinel's first config: the shipped settings, the 
 }
 
 mkdir -p "$dir"
-render_acl >"$dir/redis-users.acl.tmp"
+render_acl "$TEMPLATE" >"$dir/redis-users.acl.tmp"
 if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
     chown "$redis_user:" "$dir/redis-users.acl.tmp"
 fi
@@ -205,7 +211,12 @@ if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
     chown "$redis_user:" "$dir/redis-replication.conf"  # redis-server reads it
 fi
 if ((${#sentinels[@]})); then
+    render_acl "$SENTINEL_TEMPLATE" >"$dir/sentinel-users.acl.tmp"
+    if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
+        chown "$redis_user:" "$dir/sentinel-users.acl.tmp"
+    fi
+    mv "$dir/sentinel-users.acl.tmp" "$dir/sentinel-users.acl"
     write_sentinel_conf
-    echo "wrote $dir/sentinel.conf.initial (the Sentinels' first config: multi-node.md, section 6)"
+    echo "wrote $dir/sentinel.conf.initial and $dir/sentinel-users.acl (the Sentinels' first config and their users: multi-node.md, section 6)"
 fi
 echo "wrote $dir/redis-users.acl and $dir/redis-{$(IFS=,; echo "${USERS[*]} ${node_users[*]}" | tr ' ' ,)}.env and $dir/redis-replication.conf (passwords in $dir/redis-passwords/)"

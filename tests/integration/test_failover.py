@@ -19,12 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from devstack.local_stack import ManagedProcess, flower_process, free_port, http_ok, wait_until, worker_env
 from inference.simulator import RequestRecord
 from tests.support import prompt_files
 from tests.support.redis_head import GPU_NODES, RoleStack, node_user
-from tests.support.sentinel_group import SentinelGroup, sentinel_group
+from tests.support.sentinel_group import MASTER_NAME, SentinelGroup, sentinel_group
 from tests.support.stack import simulators
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, UPLOAD_QUEUE
@@ -127,6 +128,7 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
 
     # And no user (the processes', the replication's, the Sentinels') was refused anything on the new primary
     assert group.refusals(new_primary) == []
+    assert group.sentinel_refusals() == []  # each process logs in to the Sentinels too
 
     # And the GPUs went on once the new primary was elected (while the Sentinels judged the primary down,
     # 5 s, they ran the batches they held: those need no Redis to be sent)
@@ -199,3 +201,34 @@ def test_flower_and_the_metrics_exporter_reach_redis_through_its_sentinels(
     finally:
         flower.stop()
         exporter.stop()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("SENTINEL", "FAILOVER", MASTER_NAME),
+        ("SENTINEL", "REMOVE", MASTER_NAME),
+        ("SENTINEL", "SET", MASTER_NAME, "quorum", "1"),
+        ("SENTINEL", "RESET", "*"),
+        ("SENTINEL", "MONITOR", "other", "127.0.0.1", "6379", "1"),
+        ("SENTINEL", "CONFIG", "SET", "resolve-hostnames", "no"),
+        ("SHUTDOWN",),
+    ],
+)
+def test_a_gpu_node_s_user_may_ask_the_sentinels_where_the_primary_is_and_nothing_more(
+    group: SentinelGroup, command: tuple[str, ...]
+) -> None:
+    sentinel = group.sentinel(next(iter(group.sentinels)), user=node_user(GPU_NODES[0]))
+    assert sentinel.sentinel_get_master_addr_by_name(MASTER_NAME) is not None
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        sentinel.execute_command(*command)
+    assert group.primary_port() == group.first_primary  # nothing failed over
+
+
+def test_the_sentinels_refuse_anyone_without_a_login(group: SentinelGroup) -> None:
+    port = next(iter(group.sentinels))
+    anonymous = redis.Redis(
+        host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(group.certificates.ca_cert), socket_timeout=1
+    )
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        anonymous.execute_command("SENTINEL", "REMOVE", MASTER_NAME)

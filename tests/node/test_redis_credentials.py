@@ -91,7 +91,9 @@ def test_with_sentinels_every_url_names_them_and_the_servers_and_sentinels_get_t
     etc = tmp_path / "etc"
     url = (etc / "redis-worker-gpu1.env").read_text()
     assert url.startswith('DRAFTGEN_REDIS_URL="sentinel://worker-gpu1:')
-    assert "@10.0.0.1:26379/0?master_name=fleet&ssl_cert_reqs=required&ssl_ca_certs=" in url
+    assert (
+        "@10.0.0.1:26379/0?master_name=fleet&sentinel_auth=true&ssl_cert_reqs=required&ssl_ca_certs=" in url
+    )
     assert url.rstrip().endswith(';sentinel://10.0.0.2:26380;sentinel://10.0.0.3:26379"')
     assert {"replica", "sentinel"} <= set(acl_users(etc / "redis-users.acl"))
     replica_password = (etc / "redis-passwords" / "replica").read_text().strip()
@@ -104,6 +106,19 @@ def test_with_sentinels_every_url_names_them_and_the_servers_and_sentinels_get_t
     assert "sentinel down-after-milliseconds fleet 5000\n" in first
     assert PLACEHOLDER.search(first) is None
     assert not (etc / "redis-sentinel.env").exists()  # no process logs in as a server's user
+    # the Sentinels' own users: every process's, allowed only to ask where the primary is
+    sentinel_users = acl_users(etc / "sentinel-users.acl")
+    assert set(sentinel_users) == {
+        "default",
+        "admin",
+        "sentinel",
+        "producer",
+        "uploader",
+        "flower",
+        "worker-gpu1",
+    }
+    assert f"aclfile {etc / 'sentinel-users.acl'}\n" in first
+    assert "sentinel sentinel-user sentinel\n" in first
 
 
 def test_fewer_than_three_sentinels_are_refused_saying_why(tmp_path: Path) -> None:

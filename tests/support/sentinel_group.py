@@ -94,11 +94,14 @@ class SentinelGroup:
         self.sentinels[port] = process
         return port
 
-    def sentinel(self, port: int) -> redis.Redis:
+    def sentinel(self, port: int, user: str = ADMIN) -> redis.Redis:
+        """The Sentinel on `port`, as `user` (an admin, by default)."""
         return redis.Redis(
             host=LOOPBACK_IP,
             port=port,
             socket_timeout=1,
+            username=user,
+            password=self.password(user),
             ssl=True,
             ssl_ca_certs=str(self.certificates.ca_cert),
         )
@@ -125,9 +128,11 @@ class SentinelGroup:
     def refusals(self, port: int) -> list[dict[str, object]]:
         """ACL LOG of the server on `port`: every command, key or channel a user was refused there (redis-py's
         CLIENT SETINFO, which it ignores, aside)."""
-        return [
-            entry for entry in self.server(port).acl_log(count=1000) if entry["object"] != "client|setinfo"
-        ]
+        return _refusals(self.server(port))
+
+    def sentinel_refusals(self) -> list[dict[str, object]]:
+        """ACL LOG of every Sentinel: what a user was refused there."""
+        return [entry for port in self.sentinels for entry in _refusals(self.sentinel(port))]
 
     def wait_replica_in_sync(self, replica: int) -> None:
         def synced() -> bool:
@@ -174,6 +179,11 @@ class SentinelGroup:
     def stop(self) -> None:
         for process in [*self.sentinels.values(), *self.servers.values()]:
             process.kill()
+
+
+def _refusals(client: redis.Redis) -> list[dict[str, object]]:
+    log = client.acl_log(count=ACL_LOG_ENTRIES)
+    return [entry for entry in log if entry["object"] not in IGNORED_REFUSALS]
 
 
 @contextlib.contextmanager

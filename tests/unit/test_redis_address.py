@@ -156,3 +156,27 @@ def test_a_sentinel_url_without_tls_options_stays_plain_tcp() -> None:
 def test_a_sentinel_url_with_bad_tls_options_is_refused_naming_them(query: str, complaint: str) -> None:
     with pytest.raises(BadRedisAddress, match=complaint):
         sentinel_address(f"sentinel://a?master_name=m&{query}")
+
+
+def test_with_sentinel_auth_the_sentinels_are_asked_with_the_url_s_login_and_without_it_with_none() -> None:
+    with_login = sentinel_address(URL + "?sentinel_auth=true")
+    assert with_login.sentinel_login() == {"username": "gpu-node", "password": "s3cret"}
+    kwargs = broker_config(broker_options(URL + "?sentinel_auth=true"))["broker_transport_options"]
+    assert kwargs["sentinel_kwargs"]["password"] == "s3cret"  # kombu's and Flower's Sentinel clients
+    pool = client_for(URL + "?sentinel_auth=true").connection_pool
+    sentinel_kwargs = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert (sentinel_kwargs["username"], sentinel_kwargs["password"]) == ("gpu-node", "s3cret")
+    assert sentinel_address(URL).sentinel_login() == {}
+    assert "password" not in broker_config(broker_options(URL))["broker_transport_options"]["sentinel_kwargs"]
+
+
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("sentinel://u:p@a?master_name=m&sentinel_auth=maybe", "sentinel_auth must be true or false"),
+        ("sentinel://a?master_name=m&sentinel_auth=true", "sentinel_auth=true but gives no login"),
+    ],
+)
+def test_a_sentinel_auth_that_cannot_be_followed_is_refused_naming_why(url: str, complaint: str) -> None:
+    with pytest.raises(BadRedisAddress, match=complaint):
+        sentinel_address(url)

@@ -105,11 +105,13 @@ def sentinel_client(sentinels: Any, master_name: str, **options: Any) -> redis.R
 
 
 def sentinel_kwargs(address: SentinelAddress) -> dict[str, Any]:
-    """How a Sentinel of `address` is asked: briefly (a dead one is passed over), over TLS if the URL says."""
+    """How a Sentinel of `address` is asked: briefly (a dead one is passed over), over TLS and with the
+    login if the URL says."""
     return {
         "socket_timeout": SENTINEL_TIMEOUT_S,
         "socket_connect_timeout": SENTINEL_TIMEOUT_S,
         **address.ssl_kwargs(),
+        **address.sentinel_login(),
     }
 
 
