@@ -23,7 +23,7 @@ from intake.row_fields import RowFields
 from producer.enqueue.enqueuer import Enqueuer, EnqueueReport, check_same_settings, pin_settings
 from producer.enqueue.id_sources import IdSources
 from producer.enqueue.kept_columns import with_kept_columns
-from producer.enqueue.replicas import wait_for_replicas
+from producer.enqueue.replicas import ReplicasUnknown, wait_for_replicas
 from producer.errors import (
     OutputError,
     SourceError,
@@ -258,7 +258,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: ProducerSettings) -> int:
 
 def _say_replicated(client: redis.Redis) -> None:
     """With replicas, the claims on every one of them before enqueue ends (producer/enqueue/replicas.py)."""
-    catch_up = wait_for_replicas(client)
+    try:
+        catch_up = wait_for_replicas(client)
+    except ReplicasUnknown as unknown:
+        print(f"warning: {unknown}", file=sys.stderr)
+        return
     if catch_up is None:
         return
     print(catch_up.line())

@@ -24,6 +24,20 @@ PRIMARY_ROLE = b"master"
 REPLICA_FIELDS = 3  # [ip, port, acknowledged offset]
 
 
+class ReplicasUnknown(Exception):
+    """Redis would not say which replicas it has: enqueue cannot wait for them."""
+
+
+def _role(client: redis.Redis) -> Any:
+    try:
+        return client.execute_command("ROLE")
+    except redis.ResponseError as error:  # NOPERM included
+        raise ReplicasUnknown(
+            f"Redis refused ROLE ({error}), so enqueue could not wait for its replicas to have the claims: "
+            "give the producer's user +role (this version's deploy/redis-users.acl, ACL LOAD)"
+        ) from error
+
+
 @dataclass(frozen=True)
 class ReplicaCatchUp:
     replicas: int
@@ -70,14 +84,15 @@ def wait_for_replicas(
     sleep: Callable[[float], None] = time.sleep,
 ) -> ReplicaCatchUp | None:
     """Until every replica has acknowledged the primary's offset as it is now, or the timeout; None where
-    the server has no replica (or says nothing readable)."""
-    first = primary_offsets(client.execute_command("ROLE"))
+    the server has no replica (or says nothing readable). A server that refuses ROLE (a user of an older
+    ACL file, a service that renames it) raises ReplicasUnknown."""
+    first = primary_offsets(_role(client))
     if first is None or not first[1]:
         return None
     target, _ = first
     deadline = clock() + timeout_s
     while True:
-        now = primary_offsets(client.execute_command("ROLE"))
+        now = primary_offsets(_role(client))
         if now is None:
             return None
         caught_up = sum(1 for acknowledged in now[1] if acknowledged >= target)

@@ -5,8 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
-from producer.enqueue.replicas import CATCH_UP_S, ReplicaCatchUp, primary_offsets, wait_for_replicas
+from producer.enqueue.replicas import (
+    CATCH_UP_S,
+    ReplicaCatchUp,
+    ReplicasUnknown,
+    primary_offsets,
+    wait_for_replicas,
+)
 
 
 class RoleAnswers:
@@ -65,3 +72,24 @@ def test_a_server_without_replicas_or_an_unreadable_answer_is_waited_for_by_nobo
 
 def test_a_readable_role_reply_gives_the_primary_s_offset_and_each_replica_s() -> None:
     assert primary_offsets(primary(9, 7, 8)) == (9, [7, 8])
+
+
+class RefusingRole:
+    def execute_command(self, *command: str) -> Any:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run the 'role' command")
+
+
+def test_a_producer_user_refused_role_is_told_what_to_grant_not_a_traceback() -> None:
+    with pytest.raises(ReplicasUnknown, match=r"give the producer's user \+role"):
+        wait_for_replicas(RefusingRole())
+
+
+def test_enqueue_ends_with_a_warning_line_when_redis_will_not_say_its_replicas(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from producer.enqueue.command import _say_replicated
+
+    _say_replicated(RefusingRole())
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.startswith("warning: Redis refused ROLE") and said.err.count("\n") == 1
