@@ -87,7 +87,8 @@ if [ -n "$NEW_REDIS_ENV_FILE" ] && [ ! -r "$NEW_REDIS_ENV_FILE" ]; then
   echo "error: --redis-env $NEW_REDIS_ENV_FILE: no such readable file" >&2
   exit 2
 fi
-if [ -n "$NEW_REDIS_ENV_FILE" ] && ! grep -qF "rediss://worker-$NODE_HOST:" "$NEW_REDIS_ENV_FILE"; then
+# the URL of this node's user: the head node's server, or the Sentinels of a group (multi-node.md, section 6)
+if [ -n "$NEW_REDIS_ENV_FILE" ] && ! grep -qF -e "rediss://worker-$NODE_HOST:" -e "sentinel://worker-$NODE_HOST:" "$NEW_REDIS_ENV_FILE"; then
   echo "error: --redis-env $NEW_REDIS_ENV_FILE is not this node's: it must hold the URL of user worker-$NODE_HOST (redis-worker-$NODE_HOST.env)" >&2
   exit 2
 fi

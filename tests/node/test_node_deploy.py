@@ -153,17 +153,29 @@ def bootstrap_dry_run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def redis_env_file(folder: Path, user: str) -> Path:
-    """An env file as deploy/redis-credentials.sh writes it for `user`."""
+SENTINEL_ADDRESSES = "10.0.0.1:26379/0?master_name=draftgen&sentinel_auth=true;sentinel://10.0.0.2:26379"
+
+
+def redis_env_file(folder: Path, user: str, *, sentinels: bool = False) -> Path:
+    """An env file as deploy/redis-credentials.sh writes it for `user` (with `--sentinel`: Sentinels' URL)."""
     path = folder / f"redis-{user}.env"
-    path.write_text(f'DRAFTGEN_REDIS_URL="rediss://{user}:secret@head.example.internal:6380/0"\n')
+    where = (
+        f"sentinel://{user}:secret@{SENTINEL_ADDRESSES}"
+        if sentinels
+        else (f"rediss://{user}:secret@head.example.internal:6380/0")
+    )
+    path.write_text(f'DRAFTGEN_REDIS_URL="{where}"\n')
     return path
 
 
 @pytest.mark.skipif(shutil.which("apt-get") is None, reason="bootstrap-node.sh is for Debian/Ubuntu")
-def test_the_bootstrap_installs_the_node_s_own_redis_env_file_under_its_host_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sentinels", [False, True], ids=["head-node", "sentinels"])
+def test_the_bootstrap_installs_the_node_s_own_redis_env_file_under_its_host_name(
+    tmp_path: Path, sentinels: bool
+) -> None:
     host = socket.gethostname()
-    result = bootstrap_dry_run("--redis-env", str(redis_env_file(tmp_path, f"worker-{host}")))
+    env_file = redis_env_file(tmp_path, f"worker-{host}", sentinels=sentinels)
+    result = bootstrap_dry_run("--redis-env", str(env_file))
     assert result.returncode == 0, result.stderr
     assert f"/etc/draftgen/redis-worker-{host}.env" in result.stdout
 
