@@ -370,6 +370,10 @@ def explore(seed: int, redis_url: str, output: Path) -> tuple[ScheduleResult, li
     uuid.uuid4 = lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
     try:
         explorer = Explorer(seed, redis_url, output)
-        return explorer.run(), explorer.scheduler.trace
+        try:
+            return explorer.run(), explorer.scheduler.trace
+        finally:
+            explorer.scheduler.close_clients()
+            explorer.fleet.admin.close()
     finally:
         uuid.uuid4 = real_uuid4
