@@ -196,25 +196,25 @@ write_sentinel_conf() {  # a Sentinel's first config: the shipped settings, the 
     mv "$dir/sentinel.conf.initial.tmp" "$dir/sentinel.conf.initial"
 }
 
+for_redis() {  # a file redis-server (or a Sentinel) reads: its user's, where this runs as root
+    if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
+        chown "$redis_user:" "$1"
+    fi
+}
+
 mkdir -p "$dir"
 render_acl "$TEMPLATE" >"$dir/redis-users.acl.tmp"
-if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
-    chown "$redis_user:" "$dir/redis-users.acl.tmp"
-fi
+for_redis "$dir/redis-users.acl.tmp"
 mv "$dir/redis-users.acl.tmp" "$dir/redis-users.acl"
 node_users=("${gpu_nodes[@]/#/$NODE_USER_PREFIX}")
 for user in "${USERS[@]}" "${node_users[@]}"; do
     write_env "$user"
 done
 write_replication_conf
-if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
-    chown "$redis_user:" "$dir/redis-replication.conf"  # redis-server reads it
-fi
+for_redis "$dir/redis-replication.conf"
 if ((${#sentinels[@]})); then
     render_acl "$SENTINEL_TEMPLATE" >"$dir/sentinel-users.acl.tmp"
-    if [[ $EUID -eq 0 ]] && id "$redis_user" >/dev/null 2>&1; then
-        chown "$redis_user:" "$dir/sentinel-users.acl.tmp"
-    fi
+    for_redis "$dir/sentinel-users.acl.tmp"
     mv "$dir/sentinel-users.acl.tmp" "$dir/sentinel-users.acl"
     write_sentinel_conf
     echo "wrote $dir/sentinel.conf.initial and $dir/sentinel-users.acl (the Sentinels' first config and their users: multi-node.md, section 6)"

@@ -86,16 +86,16 @@ def wait_for_replicas(
     """Until every replica has acknowledged the primary's offset as it is now, or the timeout; None where
     the server has no replica (or says nothing readable). A server that refuses ROLE (a user of an older
     ACL file, a service that renames it) raises ReplicasUnknown."""
-    first = primary_offsets(_role(client))
-    if first is None or not first[1]:
+    offsets = primary_offsets(_role(client))
+    if offsets is None or not offsets[1]:
         return None
-    target, _ = first
+    target = offsets[0]
     deadline = clock() + timeout_s
     while True:
-        now = primary_offsets(_role(client))
-        if now is None:
-            return None
-        caught_up = sum(1 for acknowledged in now[1] if acknowledged >= target)
-        if caught_up == len(now[1]) or clock() >= deadline:
-            return ReplicaCatchUp(replicas=len(now[1]), caught_up=caught_up)
+        caught_up = sum(1 for acknowledged in offsets[1] if acknowledged >= target)
+        if caught_up == len(offsets[1]) or clock() >= deadline:
+            return ReplicaCatchUp(replicas=len(offsets[1]), caught_up=caught_up)
         sleep(POLL_S)
+        offsets = primary_offsets(_role(client))
+        if offsets is None:
+            return None

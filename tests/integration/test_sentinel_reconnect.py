@@ -48,11 +48,13 @@ class ElectingSentinels:
         self.primary = primary
         self.next_primary: RedisProcess | None = None
         self.questions_until_elected = 0
+        self.questions = 0
 
     def fail_over_to(self, primary: RedisProcess, *, after_questions: int) -> None:
         self.next_primary, self.questions_until_elected = primary, after_questions
 
     def discover_master(self, service_name: str) -> tuple[str, int]:
+        self.questions += 1
         if self.next_primary is not None:
             self.questions_until_elected -= 1
             if self.questions_until_elected > 0:
@@ -85,3 +87,14 @@ def test_a_command_caught_by_a_failover_is_retried_on_the_new_primary(tmp_path: 
     finally:
         old.stop()
         new.stop()
+
+
+def test_a_new_connection_asks_the_sentinels_once(tmp_path: Path) -> None:
+    primary = start_redis(free_port(), tmp_path / "primary", tmp_path)
+    try:
+        sentinels = ElectingSentinels(primary)
+        client = sentinel_client(sentinels, MASTER, password=primary.password, **retrying_options())
+        client.set("written", "once")
+        assert sentinels.questions == 1
+    finally:
+        primary.stop()

@@ -22,7 +22,7 @@ from redis.backoff import AbstractBackoff
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
-from workers.state.redis_address import SSL_FLAG, SentinelAddress, is_sentinel_url, sentinel_address
+from workers.state.redis_address import SentinelAddress, is_sentinel_url, sentinel_address
 from workers.state.sentinel_connection import primary_connection_class
 
 REDIS_RETRIES = 16
@@ -91,15 +91,17 @@ def client_for(url: str, **options: Any) -> redis.Redis:
     # server's URL would (a Sentinel's keyword arguments beside sentinel_kwargs go to the primary's).
     sentinels = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs(address))
     login = {"db": address.db, "username": address.username, "password": address.password}
-    return sentinel_client(sentinels, address.master_name, **login, **address.ssl_kwargs(), **options)
+    return sentinel_client(sentinels, address.master_name, tls=address.tls_options(), **login, **options)
 
 
-def sentinel_client(sentinels: Any, master_name: str, **options: Any) -> redis.Redis:
+def sentinel_client(
+    sentinels: Any, master_name: str, *, tls: dict[str, Any] | None = None, **options: Any
+) -> redis.Redis:
     """A client of the primary `sentinels` (a redis-py Sentinel) name, asked again on every connect, a
-    retry's included (workers/state/sentinel_connection.py)."""
-    tls = bool(options.pop(SSL_FLAG, False))
+    retry's included (workers/state/sentinel_connection.py); over TLS with `tls`'s options."""
+    connection_class = primary_connection_class(tls is not None)
     pool = SentinelConnectionPool(
-        master_name, sentinels, connection_class=primary_connection_class(tls), **options
+        master_name, sentinels, connection_class=connection_class, **(tls or {}), **options
     )
     return redis.Redis.from_pool(pool)
 

@@ -19,6 +19,16 @@ class _AsksOnEveryConnect:
     connection_pool: SentinelConnectionPool
     host: str
     port: int
+    _sock: socket.socket | None
+
+    def _connect_retry(self) -> None:
+        """redis-py's first connect, which asks the Sentinels before it opens the socket: for the primary
+        the socket's own connect asks (below), so it is asked once, not twice."""
+        if self._sock or not self.connection_pool.is_master:
+            super()._connect_retry()  # type: ignore[misc]
+            return
+        check = self.connection_pool.check_connection
+        self.connect_check_health(check_health=check, retry_socket_connect=False)  # type: ignore[attr-defined]
 
     def _connect(self) -> socket.socket:
         if self.connection_pool.is_master:
