@@ -28,7 +28,7 @@ from workers.recovery.reconciler import (
     DEFAULT_STRANDED_GRACE_S,
     ReconcileSettings,
 )
-from workers.state.redis_address import BadRedisAddress, is_sentinel_url, sentinel_address
+from workers.state.redis_address import SENTINEL_AUTH_KEY, BadRedisAddress, is_sentinel_url, sentinel_address
 
 ENV_PREFIX = "DRAFTGEN_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -76,6 +76,7 @@ SHOWN_QUERY_KEYS = frozenset(
         "health_check_interval",
         "client_name",
         "master_name",  # the name a Sentinel URL's primary is monitored by
+        SENTINEL_AUTH_KEY,  # whether it logs in to the Sentinels: true or false, no secret
     }
 )
 REDACTED = "***"

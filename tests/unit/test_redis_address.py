@@ -73,6 +73,9 @@ def test_a_sentinel_urls_password_is_told_and_never_shown() -> None:
     shown = redacted_url(URL)
     assert "s3cret" not in shown and "gpu-node" not in shown
     assert "master_name=draftgen" in shown
+    assert "sentinel_auth=true" in redacted_url(
+        URL.replace("master_name=", "sentinel_auth=true&master_name=")
+    )
 
 
 def test_status_says_where_the_sentinels_primary_is_and_how_often_it_failed_over() -> None:
