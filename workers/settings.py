@@ -28,6 +28,7 @@ from workers.recovery.reconciler import (
     DEFAULT_STRANDED_GRACE_S,
     ReconcileSettings,
 )
+from workers.state.queues import LONGEST_COUNTDOWN_S
 from workers.state.redis_address import SENTINEL_AUTH_KEY, BadRedisAddress, is_sentinel_url, sentinel_address
 
 ENV_PREFIX = "DRAFTGEN_"
@@ -208,6 +209,10 @@ MINIMUMS: dict[str, int] = {
     "UPLOAD_MAX_COMPLETIONS": 1,
     "UPLOAD_MAX_BYTES": 1,
 }
+# Settings that must be at most this.
+MAXIMUMS: dict[str, float] = {
+    "SERVER_DOWN_RETRY_S": LONGEST_COUNTDOWN_S,  # a message's eta beyond it is parked as not draftgen's
+}
 MEANINGS = {  # said with a bad value of these
     "GPU": " (the GPU's index: 0, 1, ...; its server is at DRAFTGEN_BASE_PORT + index)",
     "BASE_PORT": " (GPU i's server listens on this + i)",
@@ -309,6 +314,9 @@ def _number(variable: str, text: str, kind: type[float] | type[int], what: str) 
     lowest = MINIMUMS.get(name, 0)
     if value < lowest:
         raise InvalidSetting(f"{variable}={text!r}: must be {lowest} or more{meaning}")
+    highest = MAXIMUMS.get(name, math.inf)
+    if value > highest:
+        raise InvalidSetting(f"{variable}={text!r}: must be {highest:g} or less{meaning}")
     return value
 
 

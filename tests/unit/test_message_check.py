@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -34,9 +35,12 @@ from workers.broker.message_check import (
     read_unacked_entry,
     why_malformed,
 )
+from workers.errors import InvalidSetting
+from workers.generate.batches import BACKLOG_RETRY_S, REDIS_UNREACHABLE_RETRY_S, UNEXPECTED_ERROR_RETRY_S
 from workers.settings import WorkerSettings
+from workers.state.control import PAUSED_RETRY_S
 from workers.state.dispatch import CeleryDispatcher
-from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, UPLOAD_QUEUE
+from workers.state.queues import FLUSH_TASK, GENERATE_QUEUE, GENERATE_TASK, LONGEST_COUNTDOWN_S, UPLOAD_QUEUE
 
 RUN, BATCH = "run-1", "0123456789abcdef"
 TASK_ID = "0f0f0f0f-0000-4000-8000-000000000000"
@@ -278,3 +282,36 @@ def test_an_unacknowledged_entry_must_be_a_task_message_routed_to_its_queue(item
             read_unacked_entry(raw)
     with pytest.raises(ValueError, match=Malformation.UNKNOWN_TASK.value):
         read_unacked_entry(json.dumps([envelope, "", UPLOAD_QUEUE]).encode())
+
+
+def test_a_task_held_for_later_than_draftgen_ever_waits_is_parked_and_one_within_it_is_not(
+    item: bytes,
+) -> None:
+    """Celery holds a task until its eta, and its batch with it: a far-future eta (a node's password can
+    send one) would hold its run open until then."""
+    now = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    later = now + timedelta(seconds=LONGEST_COUNTDOWN_S)
+    assert (
+        why_malformed(changed(item, "headers", eta=later.isoformat()), GENERATE_QUEUE, now_s=now.timestamp())
+        is None
+    )
+    assert (
+        why_malformed(changed(item, "headers", eta="2020-01-01T00:00:00"), GENERATE_QUEUE) is None
+    )  # past: due
+    for far in ("2099-01-01T00:00:00+00:00", "2099-01-01T00:00:00"):
+        malformed = why_malformed(changed(item, "headers", eta=far), GENERATE_QUEUE, now_s=now.timestamp())
+        assert malformed is not None and malformed.reason == Malformation.FAR_FUTURE, malformed
+        assert "s ahead: draftgen sends no task to run over 3,600 s later" in str(malformed)
+
+
+def test_every_countdown_draftgen_sends_is_within_its_longest() -> None:
+    assert (
+        WorkerSettings.from_env({"DRAFTGEN_SERVER_DOWN_RETRY_S": "3600"}).server_down_retry_s
+        == LONGEST_COUNTDOWN_S
+    )
+    with pytest.raises(InvalidSetting, match=r"DRAFTGEN_SERVER_DOWN_RETRY_S='3601': must be 3600 or less"):
+        WorkerSettings.from_env({"DRAFTGEN_SERVER_DOWN_RETRY_S": "3601"})
+    assert (
+        max(BACKLOG_RETRY_S, REDIS_UNREACHABLE_RETRY_S, UNEXPECTED_ERROR_RETRY_S, PAUSED_RETRY_S)
+        < LONGEST_COUNTDOWN_S
+    )

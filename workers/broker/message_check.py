@@ -16,7 +16,9 @@ batches: a list of objects).
 A task (the `generate` and `upload` queues): only the fields, headers and properties Celery 5.7 writes,
 each of its type, with no expiry (an expired task id is revoked in the worker: a copy of a queued task
 with a past `expires` would discard the real one), no time limits, no group, no compression; the one
-task its queue carries; a body `[args, {}, embed]` without callbacks; the arguments that task takes.
+task its queue carries; a body `[args, {}, embed]` without callbacks; the arguments that task takes; an
+`eta` at most draftgen's longest countdown ahead of the reader's clock (`LONGEST_COUNTDOWN_S`, with
+`CLOCK_SKEW_S`): Celery holds a task until its eta, and a batch with it, which would hold its run open.
 
 `why_malformed` answers for raw bytes without Celery (the schedule explorer uses it); `read_queue_item` and
 `read_unacked_entry` return what they checked, or raise MalformedMessage.
@@ -28,14 +30,22 @@ import base64
 import binascii
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from workers.errors import InvalidRunName, MalformedMessage
 from workers.state.keys import check_run_name
-from workers.state.queues import EVENT_QUEUE_PREFIX, FLUSH_TASK, GENERATE_TASK, TASK_OF_QUEUE
+from workers.state.queues import (
+    CLOCK_SKEW_S,
+    EVENT_QUEUE_PREFIX,
+    FLUSH_TASK,
+    GENERATE_TASK,
+    LONGEST_COUNTDOWN_S,
+    TASK_OF_QUEUE,
+)
 
 # Our own messages are a few hundred bytes; the largest legitimate item is a reply to
 # `celery inspect conf --include-defaults`, about 15 KB. Checked before anything is decoded.
@@ -70,6 +80,7 @@ class Malformation(StrEnum):
     BAD_ARGUMENTS = "bad_arguments"
     BAD_UNACKED_ENTRY = "bad_unacked_entry"
     TYPED_VALUE = "typed_value"
+    FAR_FUTURE = "far_future"  # an eta beyond draftgen's longest countdown
     CONSUMER_FAILED = "consumer_failed"  # well-formed, yet its consumer raised on it (a broadcast, an event)
 
 
@@ -77,22 +88,26 @@ def _malformed(reason: Malformation, detail: str) -> MalformedMessage:
     return MalformedMessage(reason.value, detail)
 
 
-def why_malformed(raw: bytes, queue: str) -> MalformedMessage | None:
-    """None when `raw`, popped from `queue` (or heard on a channel whose queue that is), is one of
-    draftgen's messages; else what is wrong with it."""
+def why_malformed(raw: bytes, queue: str, *, now_s: float | None = None) -> MalformedMessage | None:
+    """None when `raw`, popped from `queue` (or heard on a channel whose queue that is) at Unix time
+    `now_s` (the clock's, by default), is one of draftgen's messages; else what is wrong with it."""
     try:
-        read_queue_item(raw, queue)
+        read_queue_item(raw, queue, now_s=now_s)
     except MalformedMessage as malformed:
         return malformed
     return None
 
 
-def read_queue_item(raw: bytes, queue: str) -> dict[str, Any]:
+def read_queue_item(raw: bytes, queue: str, *, now_s: float | None = None) -> dict[str, Any]:
     """The envelope of an item of `queue`, checked; MalformedMessage when it is not one of our messages."""
-    return _check_envelope(_json(raw, Malformation.NOT_JSON), queue)
+    return _check_envelope(_json(raw, Malformation.NOT_JSON), queue, _clock(now_s))
 
 
-def read_unacked_entry(raw: bytes) -> tuple[dict[str, Any], str, str]:
+def _clock(now_s: float | None) -> float:
+    return time.time() if now_s is None else now_s
+
+
+def read_unacked_entry(raw: bytes, *, now_s: float | None = None) -> tuple[dict[str, Any], str, str]:
     """A value of kombu's `unacked` hash, `[envelope, exchange, routing key]`, checked: only a task message
     is delivered with an acknowledgement, so only a task message may be there."""
     entry = _json(raw, Malformation.BAD_UNACKED_ENTRY)
@@ -104,10 +119,10 @@ def read_unacked_entry(raw: bytes) -> tuple[dict[str, Any], str, str]:
             Malformation.BAD_UNACKED_ENTRY,
             f"routed by exchange {_show(exchange)} and key {_show(routing_key)}, not to a task queue",
         )
-    return _check_envelope(envelope, routing_key), exchange, routing_key
+    return _check_envelope(envelope, routing_key, _clock(now_s)), exchange, routing_key
 
 
-def _check_envelope(envelope: object, queue: str) -> dict[str, Any]:
+def _check_envelope(envelope: object, queue: str, now_s: float) -> dict[str, Any]:
     """A decoded envelope, checked as an item of `queue` (a task of that queue, or any other message)."""
     if not isinstance(envelope, dict):
         raise _malformed(Malformation.NOT_AN_OBJECT, f"a JSON {type(envelope).__name__}, not an object")
@@ -126,6 +141,7 @@ def _check_envelope(envelope: object, queue: str) -> dict[str, Any]:
     if extra := set(envelope) - ENVELOPE_FIELDS:
         raise _malformed(Malformation.BAD_ENVELOPE, f"fields Celery does not write: {sorted(extra)}")
     _check_task_headers(headers, task, queue)
+    _check_eta(headers.get("eta"), now_s)
     _check_task_call(body, task)
     return envelope
 
@@ -197,6 +213,21 @@ def _check_task_headers(headers: dict[str, Any], task: str, queue: str) -> None:
             raise _malformed(Malformation.BAD_HEADERS, f"header {name!r}, which Celery 5.7 does not write")
         if not valid(value):
             raise _malformed(Malformation.BAD_HEADERS, f"header {name!r} is {_show(value)}")
+
+
+def _check_eta(eta: object, now_s: float) -> None:
+    """A task held for later runs within draftgen's longest countdown (the header's form is checked)."""
+    if not isinstance(eta, str):
+        return
+    moment = datetime.fromisoformat(eta)
+    at_s = (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+    ahead_s = at_s - now_s
+    if ahead_s > LONGEST_COUNTDOWN_S + CLOCK_SKEW_S:
+        raise _malformed(
+            Malformation.FAR_FUTURE,
+            f"eta {_show(eta)}, {ahead_s:,.0f} s ahead: draftgen sends no task to run over "
+            f"{LONGEST_COUNTDOWN_S:,.0f} s later",
+        )
 
 
 def _check_task_call(body: Any, task: str) -> None:

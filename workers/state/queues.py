@@ -32,6 +32,11 @@ KOMBU_UNACKED_KEY = "unacked"
 KOMBU_UNACKED_INDEX_KEY = "unacked_index"
 EVENT_QUEUE_PREFIX = "celeryev."  # a process's queue of Celery events (`celeryev.<uuid>`), heard on Pub/Sub
 TASK_OF_QUEUE = {GENERATE_QUEUE: GENERATE_TASK, UPLOAD_QUEUE: FLUSH_TASK}  # the one task each queue carries
+LONGEST_COUNTDOWN_S = 3600.0
+"""No message of draftgen's is sent to run later than this: its own retries wait a minute at most, and
+DRAFTGEN_SERVER_DOWN_RETRY_S is held under it. A task whose `eta` lies further ahead (with CLOCK_SKEW_S
+between hosts' clocks) is not one of ours: Celery would hold it, and its batch, until then."""
+CLOCK_SKEW_S = 300.0
 
 
 def queue_lists(queue: str) -> tuple[str, ...]:
