@@ -28,7 +28,7 @@ from workers.recovery.leases import LeaseKeeper
 from workers.recovery.seat import Seat, stop_this_process
 from workers.settings import WorkerSettings
 from workers.state.dispatch import Dispatcher
-from workers.state.ledger import gpu_label
+from workers.state.ledger import gpu_label, server_identity
 from workers.state.queues import GENERATE_TASK
 from workers.state.redis_client import connect, retry_briefly
 from workers.state.runs import load_run_settings
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-SERVER_IDENTITY_CHARS = 8  # of the seat token: tells this process's strikes from its predecessors'
 TAILS_SETTLE_MARGIN_S = 5.0  # beyond the shutdown grace: the tails' hand-backs are a few Redis calls
 
 
@@ -85,7 +84,7 @@ class WorkerContext:
                     backoff_cap_s=settings.backoff_cap_s,
                 ),
                 origin=self.origin,
-                server_identity=self.seat.token[:SERVER_IDENTITY_CHARS],
+                server_identity=server_identity(self.seat.token),
                 silence_limit_s=settings.silence_limit_s,
                 trials=TrialSettings.for_liveness(
                     stall_s=settings.liveness_stall_s, poll_s=settings.liveness_poll_s

@@ -32,6 +32,7 @@ from producer.status.figures import (
 from producer.status.model import PauseFigures, QueueDepth, RunStatus, Throughput, UploadBacklog
 from producer.status.parked import parked_warning
 from producer.status.quarantine_figures import quarantine_warning, read_quarantine
+from producer.status.suspects import read_suspects
 from workers.broker.kombu_layout import waiting_messages
 from workers.broker.parked_messages import parked_counts
 from workers.record.manifest import decode_entry
@@ -43,6 +44,7 @@ from workers.state.exit_notes import read_exit_notes
 from workers.state.gate_reading import read_gate
 from workers.state.heartbeats import read_heartbeats
 from workers.state.keys import RunKeys
+from workers.state.poison import PoisonPolicy
 from workers.state.queues import KOMBU_UNACKED_KEY, QUEUES
 from workers.state.redis_client import redis_now_s
 from workers.state.stats_fields import (
@@ -164,6 +166,7 @@ def gather_status(
         quarantine, remaining=progress.remaining, open_batches=progress.open_batches
     )
     parked = parked_counts(client)
+    suspects = read_suspects(client, run, heartbeats, now, PoisonPolicy())
     return RunStatus(
         run=run,
         now=now,
@@ -213,4 +216,5 @@ def gather_status(
         parked_messages=parked,
         output=settings.output,
         held=held,
+        suspects=suspects,
     )

@@ -7,6 +7,7 @@ import msgspec
 
 from core.records import Record
 from producer.status.quarantine_figures import QuarantineFigures
+from producer.status.suspects import SuspectFigures
 from workers.broker.parked_messages import ParkedCount
 
 
@@ -152,3 +153,4 @@ class RunStatus(Record, frozen=True):
     output: str = ""  # the run's output, as pinned
     held: list[HeldWork] = msgspec.field(default_factory=list)  # by GPU
     redis: RedisPlace | None = None  # when Sentinels name the primary
+    suspects: SuspectFigures | None = None  # prompts suspected of poison, still to settle

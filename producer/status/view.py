@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from producer.status.model import GpuRow, HeldWork, Rates, RedisPlace, RunStatus
+from producer.status.suspects import SUSPECT_RECORDS_READ, Suspect, SuspectFigures
 from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.recovery.seat_view import WorkerLife
 
@@ -203,6 +204,55 @@ def _held(status: RunStatus) -> RenderableType:
     )
 
 
+def suspect_line(suspect: Suspect, now_s: float, convictions_to_dead: int) -> str:
+    """Where one suspect of poison stands: on trial, waiting for its trial, or suspected."""
+    convicted = f"{suspect.convictions} of {convictions_to_dead} convictions"
+    if suspect.on_trial and suspect.since is not None:
+        return (
+            f"{suspect.prompt_id}: on trial alone on {suspect.worker} for "
+            f"{duration(max(0.0, now_s - suspect.since))}; {convicted}"
+        )
+    if suspect.next_at is not None:
+        return (
+            f"{suspect.prompt_id}: waits for its trial alone on {suspect.worker}, by "
+            f"{clock(suspect.next_at)} (in {duration(max(0.0, suspect.next_at - now_s))}), once its server "
+            f"has worked {duration(suspect.control_s)} without failing; {convicted}"
+        )
+    if suspect.convictions or suspect.suspicions >= 2:
+        return f"{suspect.prompt_id}: a suspect, tried alone at its batch's next delivery; {convicted}"
+    return f"{suspect.prompt_id}: suspected once; a second suspicion makes it a suspect, tried alone"
+
+
+def suspects_summary(figures: SuspectFigures) -> str:
+    by = (
+        f"every verdict by {clock(figures.verdicts_by)}"
+        if figures.verdicts_by is not None
+        else "no live worker"
+    )
+    return f"{figures.total} suspected of poison, {by}"
+
+
+def _suspects(status: RunStatus) -> RenderableType:
+    figures = status.suspects
+    assert figures is not None
+    lines = [Text(suspect_line(s, status.now, figures.convictions_to_dead)) for s in figures.suspects]
+    shown = len(figures.suspects)
+    counted = f"{figures.total:,}" + (
+        "" if figures.read_all else f"+ (the first {SUSPECT_RECORDS_READ:,} read)"
+    )
+    more = f"; {figures.total - shown:,} more not shown" if figures.total > shown else ""
+    verdicts = (
+        f"every verdict by {clock(figures.verdicts_by)} at the latest (restarts of servers a trial takes "
+        "down aside)"
+        if figures.verdicts_by is not None
+        else "no live worker to try them: their verdicts wait for one"
+    )
+    lines.append(
+        Text(f"{counted} suspected{more}: the run ends once each is committed or dead-lettered, {verdicts}")
+    )
+    return Group(*lines)
+
+
 def _queues_and_upload(status: RunStatus) -> RenderableType:
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
     table.add_column("queue")
@@ -301,6 +351,14 @@ def render_status(status: RunStatus) -> RenderableType:
         _gpus(status),
         _section("Batches held (under a lease, by the GPU generating them)"),
         _held(status),
+        *(
+            (
+                _section("Suspected poison (tried alone before any verdict: docs/exactly-once.md)"),
+                _suspects(status),
+            )
+            if status.suspects is not None
+            else ()
+        ),
         _section("Queues"),
         _queues_and_upload(status),
         _section("Dead letters"),
@@ -325,4 +383,5 @@ def status_line(status: RunStatus) -> str:
             for work in status.held
             if work.life == WorkerLife.DEAD
         )
+        + (f"; {suspects_summary(status.suspects)}" if status.suspects is not None else "")
     )

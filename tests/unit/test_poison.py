@@ -7,12 +7,23 @@ from __future__ import annotations
 import math
 import random
 
+import msgspec
 import pytest
 
+from inference.errors import FailureCause, InferenceUnavailable
 from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S
-from workers.generate.trials import CONTROL_WAIT_FACTOR, Steadiness, TrialSettings
+from workers.generate.trials import (
+    RECORD_MAX_ENTRIES,
+    Steadiness,
+    TrialSettings,
+    control_window_s,
+    failed_after_s,
+    trial_end,
+)
 from workers.state.poison import (
+    CONTROL_WAIT_FACTOR,
     EVIDENCE_READ_MAX_BYTES,
+    KILLED_TIMING_HEADROOM,
     MIN_TIMING_S,
     Evidence,
     Outcome,
@@ -29,6 +40,7 @@ from workers.state.poison import (
 
 POLICY = PoisonPolicy()  # the defaults: 2 suspicions make a suspect, 3 convictions a poison, control x20
 STEADY_S = 3600.0  # an hour of work without failing before a trial: ample control
+OUTAGE_NOTICED_S = 1e-6  # a wait that an outage interrupts ends just after it
 
 
 def suspicion(*, with_server: bool = True, cause: str = "dropped") -> Suspicion:
@@ -181,6 +193,7 @@ def test_an_ordinary_prompt_on_a_server_failing_at_random_is_convicted_by_under_
     rng = random.Random(seed)
     trial_s, restart_s, floor_s = 14.0, 60.0, DEFAULT_LIVENESS_POLL_S
     needed_s = POLICY.control_needed_s(floor_s)
+    window_s = control_window_s(needed_s)
     per_trial = 1 - math.exp(-1 / POLICY.control_factor)
     for mean_between_outages_s in (60.0, 600.0, 3600.0, 86400.0):
         server = Steadiness(since=0.0)
@@ -189,18 +202,19 @@ def test_an_ordinary_prompt_on_a_server_failing_at_random_is_convicted_by_under_
         while trials < 5_000:
             now += rng.expovariate(1 / 30.0)  # a suspect arrives; it waits for the control it needs
             until = now + CONTROL_WAIT_FACTOR * needed_s
-            while next_outage < now or (
-                (short_s := server.short_of_s(now, needed_s)) > 0 and now < until and now + short_s <= until
-            ):
+            while True:  # the Court's wait (trials.Court._wait_s), outages falling as they fall
                 if next_outage < now:
                     server.failed(next_outage, server_down=True)
                     server.back(next_outage + restart_s)
                     now = max(now, next_outage + restart_s)
                     next_outage = now + rng.expovariate(1 / mean_between_outages_s)
-                else:
-                    now += 1.0
+                    continue
+                ready = server.ready_at(now, needed_s, window_s)
+                if now >= until or (ready is not None and not now < ready <= until):
+                    break
+                now = min(until if ready is None else ready, next_outage + OUTAGE_NOTICED_S)
             trials += 1
-            control_s, mean_up_s = server.control_s(now), server.mean_up_s(now)
+            control_s, mean_up_s = server.control_s(now), server.mean_up_s(now, window_s)
             server.trial_began(now)
             if next_outage - now >= trial_s:
                 server.trial_completed()
@@ -238,3 +252,84 @@ def test_a_server_s_record_counts_each_outage_once_and_leaves_trials_out() -> No
     # a restart it never saw is a failure, and the server's new life is the stretch
     server.restarted(200.0)
     assert server.failures == 2 and server.control_s(205.0) == 5.0
+
+
+def test_before_its_next_trial_a_suspect_waits_for_the_control_its_last_failure_needs_as_timed() -> None:
+    floor_s = 10.0
+    suspected = [suspicion(), suspicion()]
+    # a first trial: a failure as fast as a wedge can be timed
+    assert POLICY.control_before_trial_s(suspected, floor_s) == 20 * floor_s
+    # a drop or a silence is timed to the chunk: no floor; a wedge by the polls; a worker's death up to
+    # its successor's start, with headroom for the next restart's
+    dropped, silent = trial(TrialEnd.DROPPED, failed_after_s=0.0), trial(TrialEnd.SILENT, failed_after_s=2.0)
+    assert POLICY.control_before_trial_s([*suspected, dropped], floor_s) == 20 * MIN_TIMING_S
+    assert POLICY.control_before_trial_s([*suspected, silent], floor_s) == 40.0
+    wedged = trial(TrialEnd.WEDGED, failed_after_s=0.5)
+    assert POLICY.control_before_trial_s([*suspected, wedged], floor_s) == 20 * floor_s
+    killed = trial(TrialEnd.KILLED, failed_after_s=12.0)
+    assert POLICY.control_before_trial_s([*suspected, killed], floor_s) == 20 * 12.0 * KILLED_TIMING_HEADROOM
+    # the last failed trial's: a slow one (its worker killed by something else, say) holds up only the
+    # next, and a trial given up tells nothing of the timing
+    slow = trial(TrialEnd.KILLED, failed_after_s=200.0)
+    given_up = trial(TrialEnd.GIVEN_UP, failed_after_s=0.0)
+    assert POLICY.control_before_trial_s([*suspected, wedged, slow, given_up], floor_s) == 6000.0
+    assert POLICY.control_before_trial_s([*suspected, slow, wedged, given_up], floor_s) == 20 * floor_s
+
+
+def test_a_trial_its_worker_died_in_convicts_on_the_control_alone_without_a_canary_after() -> None:
+    """Its successor closes the trial (`killed`), timed up to its own start: nobody asked the server a canary
+    after, and none is needed, for the server did not fail; the worker did."""
+    died = trial(TrialEnd.KILLED, failed_after_s=15.0, canary_after_s=None, control_s=300.0, mean_up_s=300.0)
+    assert POLICY.outcome(died) is Outcome.CONVICTED
+    too_young = msgspec.structs.replace(died, control_s=299.0)
+    assert POLICY.outcome(too_young) is Outcome.VOID
+    assert POLICY.outcome(msgspec.structs.replace(died, canary_before_s=60.0)) is Outcome.VOID
+    letter = describe([suspicion(), suspicion(), died, died, died], POLICY)
+    assert letter.startswith("no answer alone 3 times (its worker died in 3 of them)")
+    assert letter.count("its worker died while it ran alone 15.0 s in") == 3
+    assert "its successor working" in letter
+
+
+def test_a_server_that_failed_often_shows_its_control_again_once_its_failures_are_a_window_old() -> None:
+    """Once faults stop, any server shows the control within one window of its last failure, however often
+    it failed before: the run's last suspects are tried on evidence the run's end has."""
+    needed_s = 200.0
+    window_s = control_window_s(needed_s)
+    server = Steadiness(since=0.0)
+    for second in range(1, 61):  # a failure a second for a minute
+        server.failed(float(second), server_down=False)
+    last = 60.0
+    assert not server.shows(last + needed_s, needed_s, window_s)  # the stretch is there, the mean is not
+    ready = server.ready_at(last, needed_s, window_s)
+    assert ready is not None and ready <= last + window_s
+    assert server.shows(ready, needed_s, window_s) and not server.shows(ready - 1.0, needed_s, window_s)
+    # over its whole life, the same server would need 61 times the control: hours, not one window
+    assert server.mean_up_s(last + window_s) < needed_s
+    # a server seen down has to come back first
+    server.failed(ready, server_down=True)
+    assert server.ready_at(ready + 1.0, needed_s, window_s) is None
+
+
+def test_a_server_s_record_keeps_its_recent_failures_and_forgets_the_work_before_those_it_drops() -> None:
+    server = Steadiness(since=0.0)
+    for second in range(1, RECORD_MAX_ENTRIES + 101):
+        server.failed(float(second), server_down=False)
+    assert len(server.failed_at) <= RECORD_MAX_ENTRIES and len(server.worked) <= RECORD_MAX_ENTRIES
+    now = RECORD_MAX_ENTRIES + 101.0
+    # what is known starts after the last failure forgotten: no work before it counts, every one since does
+    kept = sum(1 for at in server.failed_at if at > server.known_since)
+    assert server.mean_up_s(now) == pytest.approx((now - server.known_since) / (kept + 1))
+    assert server.failures == RECORD_MAX_ENTRIES + 100
+
+
+def test_a_request_out_of_its_timeout_while_the_server_answers_is_a_silence_timed_to_its_last_chunk() -> None:
+    timed_out = InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
+    assert trial_end(timed_out, server_answers=True) is TrialEnd.SILENT
+    assert failed_after_s(timed_out, TrialEnd.SILENT, started=100.0, last_sign=100.2, failed_at=160.2) == (
+        pytest.approx(0.2)
+    )
+    # with the server gone too, it went down: timed to the failure, all the suspect may be blamed for
+    assert trial_end(timed_out, server_answers=False) is TrialEnd.WENT_DOWN
+    assert failed_after_s(timed_out, TrialEnd.WENT_DOWN, started=100.0, last_sign=100.2, failed_at=160.2) == (
+        pytest.approx(60.2)
+    )

@@ -5,6 +5,7 @@ outages, silence while others stream and a worker's own stop convict nothing."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -18,11 +19,13 @@ from tests.support.handover import Recorder
 from tests.support.records import prompt
 from tests.unit.test_generation import FakeServer
 from tests.unit.test_poison import trial
+from workers.generate import trials
 from workers.generate.generation import REASON_POISON, GenerationEngine, RetryPolicy
 from workers.generate.liveness import Liveness, Outage
 from workers.generate.silence import PROBE_RID_PREFIX
-from workers.generate.trials import TrialSettings
+from workers.generate.trials import TrialSettings, control_window_s
 from workers.state.poison import (
+    MIN_TIMING_S,
     Evidence,
     Outcome,
     PoisonPolicy,
@@ -34,7 +37,10 @@ from workers.state.poison import (
 )
 
 ATTEMPTS = 3  # the README's DRAFTGEN_MAX_ATTEMPTS
-FLAKY_OUTAGES = 20
+RESTART_EVERY_S = 0.2
+EARLIER_RESTARTS = 40
+SLOW_MACHINE_S = 3.0  # a busy machine's delay on top of the bound, in all
+CANARY_EVERY_S = 0.2
 WINDOW = 4
 WAIT_S = 10.0
 QUICK = PoisonPolicy(control_factor=0.0)  # no control to wait for: any server shows it at once
@@ -187,28 +193,38 @@ def test_a_suspect_dropped_alone_three_times_after_canaries_is_dead_lettered_wit
 def test_outages_while_a_suspect_runs_alone_convict_nothing_on_a_server_that_fails_as_often(
     engines: list[GenerationEngine],
 ) -> None:
-    # Given the default rule (a failure as fast as can be timed needs 5 s between the server's failures), and
-    # a suspect that completes alone, on a server that goes down several times a second
-    server = TrialServer()
-    policy = PoisonPolicy()
-    engines.append(engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=0.001)))
+    # Given a rule whose control for a failure as fast as can be timed is 1 s, a suspect that takes the
+    # server down alone, and a server that restarts by itself every RESTART_EVERY_S (its liveness watch sees
+    # each restart): it never shows the control, so each trial comes at the end of the suspect's wait
+    server = TrialServer(crashes=frozenset({"p"}))
+    policy = PoisonPolicy(control_factor=4.0)
+    engine = engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=0.001))
+    engines.append(engine)
     recorder = Recorder()
     suspected(recorder, "p", cause="dropped")
-    for round_ in range(ATTEMPTS):
-        # When the server goes down with ordinary prompts again and again, then with the suspect alone
-        flaky = [f"f{round_}-{i}" for i in range(FLAKY_OUTAGES)]
-        answering(server, *flaky)
-        server.crashes = frozenset({*flaky, "p"})
-        engines[0].submit_batch("r", [prompt(f) for f in flaky], SamplingSettings(), recorder).outcome()
-        engines[0].submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
-    # Then its trials that failed are void, for the server fails as fast without it; none convicts
-    assert len(ended(recorder, "p")) >= ATTEMPTS
+    stop = threading.Event()
+
+    def restarting_by_itself() -> None:
+        while not stop.wait(RESTART_EVERY_S):
+            engine.note_restart("the server restarted by itself", started_at=time.time())
+
+    restarts = threading.Thread(target=restarting_by_itself, daemon=True)
+    restarts.start()
+    try:
+        # When the suspect is tried alone and the server goes down with it each time
+        outcome = engine.submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
+    finally:
+        stop.set()
+        restarts.join()
+    # Then its trials are void, for the server fails as fast without it; none convicts
+    assert outcome.unreachable == ["p"] and recorder.dead == []
+    assert len(ended(recorder, "p")) == ATTEMPTS
     assert {policy.outcome(e) for e in ended(recorder, "p")} == {Outcome.VOID}
-    assert "on average" in policy.why(ended(recorder, "p")[0])
+    assert "without failing" in policy.why(ended(recorder, "p")[0])
     # And once the server holds up, the suspect completes alone and is acquitted
     server.crashes = frozenset()
     answering(server, "p")
-    assert engines[0].submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome().staged == 1
+    assert engine.submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome().staged == 1
     assert policy.outcome(ended(recorder, "p")[-1]) is Outcome.ACQUITTED and recorder.dead == []
 
 
@@ -340,3 +356,54 @@ def test_a_record_that_already_proves_a_prompt_poison_dead_letters_it_without_a_
     recorder.strikes["p"] = proof  # its worker died between the third conviction and the dead letter
     outcome = engines[0].submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome()
     assert outcome.dead_lettered == 1 and "p" not in server.started
+
+
+def test_a_poison_prompt_among_a_run_s_last_is_dead_lettered_alone_however_often_its_server_failed_before(
+    engines: list[GenerationEngine],
+) -> None:
+    # Given a rule whose control for a failure as fast as can be timed is 1 s (its window: 3 s), a server
+    # whose liveness watch saw it restart EARLIER_RESTARTS times a moment ago, and the run's last prompt, a
+    # suspect that drops its connection every time, with nothing else to run
+    server = TrialServer(drops=frozenset({"bad"}))
+    policy = PoisonPolicy(control_factor=4.0)
+    engine = engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=MIN_TIMING_S))
+    engines.append(engine)
+    for _ in range(EARLIER_RESTARTS):
+        engine.note_restart("the server restarted", started_at=time.time())
+        time.sleep(0.001)
+    recorder = Recorder()
+    suspected(recorder, "bad", cause="dropped")
+    started = time.monotonic()
+    # When its batch is delivered
+    outcome = engine.submit_batch("r", [prompt("bad")], SamplingSettings(), recorder).outcome()
+    # Then it is tried alone three times, each a conviction, and dead-lettered in this one delivery: the
+    # earlier failures leave the server's record within one window, and no trial waits longer
+    took_s = time.monotonic() - started
+    window_s = control_window_s(policy.control_needed_s(MIN_TIMING_S))
+    assert outcome.dead_lettered == 1 and [e.reason for e in recorder.dead] == [REASON_POISON]
+    assert [policy.outcome(e) for e in ended(recorder, "bad")] == [Outcome.CONVICTED] * 3
+    assert took_s <= ATTEMPTS * window_s + SLOW_MACHINE_S, took_s
+
+
+def test_a_suspect_waiting_for_its_control_on_an_idle_server_asks_it_canaries_meanwhile(
+    engines: list[GenerationEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a suspect that completes alone, whose control is 2 s, on a server that restarted a moment ago
+    # and has nothing else to run (a control canary every CANARY_EVERY_S instead of every 10 s)
+    monkeypatch.setattr(trials, "CONTROL_CANARY_INTERVAL_S", CANARY_EVERY_S)
+    server = TrialServer()
+    policy = PoisonPolicy(control_factor=8.0)
+    engine = engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=MIN_TIMING_S))
+    engines.append(engine)
+    engine.note_restart("the server restarted", started_at=time.time())
+    recorder = Recorder()
+    suspected(recorder, "p", cause="dropped")
+    answering(server, "p")
+    # When it waits for its control
+    assert engine.submit_batch("r", [prompt("p")], SamplingSettings(), recorder).outcome().staged == 1
+    # Then the server answered canaries all along the wait, before the one just ahead of the trial, and the
+    # trial began once it had worked the control
+    needed_s = policy.control_needed_s(MIN_TIMING_S)
+    (acquittal,) = ended(recorder, "p")
+    assert acquittal.control_s >= needed_s
+    assert server.canaries >= needed_s / CANARY_EVERY_S / 2  # half of them, on a busy machine

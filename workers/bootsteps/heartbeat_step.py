@@ -105,7 +105,14 @@ def build_publisher(ctx: WorkerContext) -> HeartbeatPublisher:
 
     def engine_figures() -> EngineFigures:
         engine = ctx.engine
-        return EngineFigures(in_flight=engine.in_flight, suspended=engine.suspended)
+        trials = engine.trial_settings
+        return EngineFigures(
+            in_flight=engine.in_flight,
+            suspended=engine.suspended,
+            trials=engine.trial_plans(),
+            trial_within_s=trials.silence_limit_s,
+            timing_floor_s=trials.timing_floor_s,
+        )
 
     return HeartbeatPublisher(
         ctx.redis, identity, ServerProbe(settings.server_url, settings.api_key), engine_figures

@@ -54,6 +54,7 @@ from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Stea
 from workers.generate.tribunal import Tribunal
 from workers.generate.turn_saves import TurnSaves
 from workers.generate.window import InFlightWindow
+from workers.state.heartbeats import TrialPlan
 from workers.state.ledger import gpu_label
 from workers.state.poison import Evidence, PoisonPolicy, TrialEnded, Verdict, describe
 
@@ -267,6 +268,7 @@ class GenerationEngine:
                 self._silence.server_generates,
                 suspended=lambda: self._suspended_because is not None,
                 resumed=self._resumed,
+                idle=lambda: not self._in_flight,
             ),
             SilenceWatch(trial_settings.silence_limit_s, self._client.chat),
             self._in_thread,
@@ -303,6 +305,14 @@ class GenerationEngine:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def trial_settings(self) -> TrialSettings:
+        return self._tribunal.court.settings
+
+    def trial_plans(self) -> tuple[TrialPlan, ...]:
+        """The suspects of poison this engine holds, waiting for their trials or on trial (any thread)."""
+        return self._tribunal.trial_plans()
 
     @property
     def waiting_for_slot(self) -> int:

@@ -20,6 +20,8 @@ from workers.periodic import PeriodicThread
 from workers.state.heartbeats import (
     HEARTBEAT_INTERVAL_S,
     HEARTBEAT_TTL_S,
+    TRIAL_PLANS_IN_A_BEAT,
+    TrialPlan,
     WorkerHeartbeat,
     encode_heartbeat,
 )
@@ -35,6 +37,9 @@ assert HEARTBEAT_INTERVAL_S + HEALTH_TIMEOUT_S + 2 * INFO_TIMEOUT_S < HEARTBEAT_
 class EngineFigures:
     in_flight: int
     suspended: bool
+    trials: tuple[TrialPlan, ...] = ()  # the suspects of poison it holds, waiting or on trial
+    trial_within_s: float | None = None  # its trials' silence limit: the liveness stall window
+    timing_floor_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,10 @@ class HeartbeatPublisher:
             spec_accept_length=self._probe.accept_length(),
             updated_at=time.time(),
             interval_s=self._interval_s,
+            trials=list(figures.trials[:TRIAL_PLANS_IN_A_BEAT]),
+            suspects=len(figures.trials),
+            trial_within_s=figures.trial_within_s,
+            timing_floor_s=figures.timing_floor_s,
         )
         self.last_beat = beat
         self._client.set(self._key, encode_heartbeat(beat), ex=self._ttl_s)

@@ -18,30 +18,33 @@ import contextlib
 import enum
 import logging
 import math
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from core.records import SamplingSettings
 from inference.errors import FailureCause, InferenceUnavailable
 from inference.readiness import DEFAULT_READY_TIMEOUT_S
 from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, DEFAULT_LIVENESS_STALL_S, Liveness, Outage
-from workers.state.poison import Evidence, TrialEnd
+from workers.state.poison import CONTROL_WAIT_FACTOR, Evidence, TrialEnd
 
 log = logging.getLogger(__name__)
 
-CONTROL_WAIT_FACTOR = 3.0
-"""A suspect waits up to this many times the control it needs for its server to show it: a steady server
-shows it even after a failure or two meanwhile. A server that cannot show it in that time (it fails too
-often) gets the suspect at once: a trial the control does not back cannot convict, but it can acquit,
-and no suspect waits for ever."""
 COMEBACK_CANARY_INTERVAL_S = 2.0
 """After a failure, how often the server is asked a canary while it is not suspended (a crash the
 liveness watch has not called yet, a drop)."""
+CONTROL_CANARY_INTERVAL_S = 10.0
+"""While a suspect waits for its control and nothing else of its worker is in flight (a run's last prompts),
+the server is asked a one-token canary this often: the control is then a server that answered, not one
+left idle, whose hang nobody would have seen. It costs a token every 10 s of a GPU with nothing else to do."""
 
-_LOST_CAUSES = frozenset(
-    {FailureCause.DROPPED, FailureCause.TIMED_OUT, FailureCause.MALFORMED, FailureCause.REFUSED}
-)
+_LOST_CAUSES = frozenset({FailureCause.DROPPED, FailureCause.MALFORMED, FailureCause.REFUSED})
+
+
+def control_window_s(needed_s: float) -> float:
+    """The span over which a server's mean time between failures is taken for a control of `needed_s`."""
+    return CONTROL_WAIT_FACTOR * needed_s
 
 
 class Canary(Protocol):
@@ -81,33 +84,59 @@ class Ruling(enum.Enum):
     GIVEN_UP = "given up"  # the worker stopped or lost the batch meanwhile
 
 
+RECORD_MAX_ENTRIES = 512
+"""Failures and stretches of work a worker remembers of its server; older ones are forgotten, and with them
+everything before (the record then starts after them: less work known, never fewer failures)."""
+
+
 @dataclass
 class Steadiness:
     """How this worker's server has held up: since when it has worked without failing (the stretch), its
-    mean time between failures, and which of its lives it is in. Times are the engine loop's clock.
+    failures and stretches of work, and which of its lives it is in. Times are the engine loop's clock.
 
     One outage is one failure, however many requests it took down (`down` until the server is back). A
     failed trial is the suspect's doing if it is poison: neither its time nor its failure counts, so that
-    the server's record without the suspect is what a conviction is compared with.
+    the server's record without the suspect is what a conviction is compared with. The mean time between
+    failures is taken over a window (`mean_up_s`): a failure leaves the record once it is older than the
+    window, so a server that failed often once, and no more since, shows its control again within a
+    window of time (docs/exactly-once.md, "Every run ends").
     """
 
     since: float  # the stretch began: the worker started, or the server last failed or came back
-    up_s: float = 0.0  # the stretches that ended in a failure, trials left out
-    failures: int = 0
+    failures: int = 0  # every failure seen, for the logs; the record below keeps the recent ones
     lives: int = 0
     down: bool = False  # failed and not back yet
     served_in_life: bool = True  # a request was answered since the last life began
     trial_since: float | None = None  # a suspect holds the server alone since then
+    known_since: float = -math.inf  # nothing is known of the server before this
+    worked: deque[tuple[float, float]] = field(default_factory=deque)  # stretches ended, oldest first
+    failed_at: deque[float] = field(default_factory=deque)  # each failure counted, oldest first
+
+    def __post_init__(self) -> None:
+        self.known_since = max(self.known_since, self.since)
 
     def failed(self, now: float, *, server_down: bool) -> None:
         """A request got no answer, or the server went down (its life ends, once per life)."""
         if self.trial_since is None:
             if not self.down:
-                self.up_s += max(0.0, now - self.since)
+                self._close_stretch(now)
+                self.failed_at.append(now)
                 self.failures += 1
+                self._forget_beyond_bound()
             self.since = now
         if server_down:
             self._went_down()
+
+    def _close_stretch(self, end: float) -> None:
+        if end > self.since:
+            self.worked.append((self.since, end))
+
+    def _forget_beyond_bound(self) -> None:
+        while len(self.failed_at) > RECORD_MAX_ENTRIES or len(self.worked) > RECORD_MAX_ENTRIES:
+            if self.failed_at and (not self.worked or self.failed_at[0] <= self.worked[0][1]):
+                self.known_since = max(self.known_since, self.failed_at.popleft())
+            else:
+                self.known_since = max(self.known_since, self.worked.popleft()[1])
 
     def _went_down(self) -> None:
         self.down = True
@@ -140,7 +169,8 @@ class Steadiness:
         """The stretch before the trial was ordinary work; the trial and its failure are left out."""
         began = self.trial_since if self.trial_since is not None else now
         self.trial_since = None
-        self.up_s += max(0.0, began - self.since)
+        self._close_stretch(began)
+        self._forget_beyond_bound()
         self.since = now
         if server_down:
             self._went_down()
@@ -151,16 +181,44 @@ class Steadiness:
     def control_s(self, now: float) -> float:
         return 0.0 if self.down else max(0.0, now - self.since)
 
-    def mean_up_s(self, now: float) -> float:
-        """Work per failure, the stretch under way included; one failure more than seen, so that a server
-        watched only briefly is not taken for a steady one."""
-        return (self.up_s + self.control_s(now)) / (self.failures + 1)
+    def mean_up_s(self, now: float, over_s: float = math.inf) -> float:
+        """Work per failure over the last `over_s` (all that is known when longer), the stretch under way
+        included; one failure more than seen, so that a server watched only briefly is not taken for a
+        steady one."""
+        start = max(now - over_s, self.known_since)
+        worked_s = sum(max(0.0, min(end, now) - max(begin, start)) for begin, end in self.worked)
+        if not self.down:
+            worked_s += max(0.0, now - max(self.since, start))
+        failures = sum(1 for at in self.failed_at if start < at <= now)
+        return worked_s / (failures + 1)
 
-    def short_of_s(self, now: float, needed_s: float) -> float:
-        """How much longer the server must work without failing until both its stretch and its mean time
-        between failures reach `needed_s`."""
-        stretch_s = self.control_s(now)
-        return max(0.0, needed_s - stretch_s, needed_s * (self.failures + 1) - self.up_s - stretch_s)
+    def shows(self, now: float, needed_s: float, over_s: float) -> bool:
+        """Whether both the stretch and the mean time between failures over `over_s` reach `needed_s`."""
+        return self.control_s(now) >= needed_s and self.mean_up_s(now, over_s) >= needed_s
+
+    def ready_at(self, now: float, needed_s: float, over_s: float) -> float | None:
+        """The earliest moment from `now` at which the server would show `needed_s` over `over_s` if it
+        failed no more; None while it is down (it has to come back first). Never later than the stretch
+        reaching `needed_s` once the last failure is `over_s` old (`over_s` is at least `needed_s`)."""
+        if self.down:
+            return None
+        latest = max(self.since + needed_s, (self.failed_at[-1] + over_s) if self.failed_at else now, now)
+        moments = {now, self.since + needed_s, *(at + over_s for at in self.failed_at)}
+        candidates = sorted(at for at in moments if now <= at <= latest)
+        return next((at for at in candidates if self.shows(at, needed_s, over_s)), latest)
+
+
+def control_wait_s(steadiness: Steadiness, now: float, needed_s: float, until: float) -> float:
+    """How much longer a suspect waits for its server to show `needed_s` of control (0: try it now): until
+    it does, or `until`; at once when it cannot show it by then if it fails no more (it fails too often)."""
+    if now >= until:
+        return 0.0
+    ready = steadiness.ready_at(now, needed_s, control_window_s(needed_s))
+    if ready is None:  # down: it has to come back first
+        return until - now
+    if ready <= now or ready > until:
+        return 0.0
+    return ready - now
 
 
 class ProvenPoison(Exception):
@@ -181,27 +239,32 @@ class AbandonedInFlight(InferenceUnavailable):
 
 
 def trial_end(error: InferenceUnavailable, *, server_answers: bool) -> TrialEnd:
-    """How a trial ended, from its request's failure and whether the server answered a canary just after."""
+    """How a trial ended, from its request's failure and whether the server answered a canary just after.
+    A request that ran out of the client's timeout got no chunk for that long: while the server answers,
+    that is a silence, as the trial's own silence watch would have called it."""
     if isinstance(error, AbandonedInFlight):
         if error.outage is None:
             return TrialEnd.GIVEN_UP
         return TrialEnd.WEDGED if error.outage.state == Liveness.HUNG.value else TrialEnd.WENT_DOWN
     if error.cause is FailureCause.SILENT:
         return TrialEnd.SILENT
+    if error.cause is FailureCause.TIMED_OUT:
+        return TrialEnd.SILENT if server_answers else TrialEnd.WENT_DOWN
     if error.cause in _LOST_CAUSES:
         return TrialEnd.DROPPED if server_answers else TrialEnd.WENT_DOWN
     return TrialEnd.GIVEN_UP  # an error status: the server answered, not a failure to answer
 
 
 def failed_after_s(
-    error: InferenceUnavailable, *, started: float, last_sign: float, failed_at: float
+    error: InferenceUnavailable, ending: TrialEnd, *, started: float, last_sign: float, failed_at: float
 ) -> float:
     """How long into the trial the suspect failed: when the liveness watch last saw the server make
-    progress (a wedge), the suspect's last chunk (silence), or the failure itself (a lost connection)."""
+    progress (a wedge), the suspect's last chunk (a silence, or a timeout while the server answers), or
+    the failure itself (a lost connection, a server gone down)."""
     if isinstance(error, AbandonedInFlight) and error.outage is not None:
         stalled = error.outage.stalled_since
         return max(0.0, (stalled if stalled is not None else last_sign) - started)
-    if error.cause is FailureCause.SILENT:
+    if ending is TrialEnd.SILENT:
         return max(0.0, last_sign - started)
     return max(0.0, failed_at - started)
 
@@ -217,18 +280,22 @@ class Court:
         *,
         suspended: Callable[[], bool],
         resumed: asyncio.Event,
+        idle: Callable[[], bool] = lambda: False,
     ) -> None:
         self.settings = settings
         self.steadiness = steadiness
         self._canary = canary
         self._suspended = suspended
         self._resumed = resumed
+        self._idle = idle
+        self._last_canary = -math.inf
 
     @staticmethod
     def now() -> float:
         return asyncio.get_running_loop().time()
 
     async def canary(self, sampling: SamplingSettings, why: str) -> bool:
+        self._last_canary = self.now()
         answered = await self._canary(sampling, why=why)
         if answered:
             self.steadiness.served(self.now())
@@ -239,33 +306,46 @@ class Court:
     def control_wait_until(self, needed_s: float) -> float:
         return self.now() + CONTROL_WAIT_FACTOR * needed_s
 
+    def record(self, needed_s: float) -> tuple[float, float]:
+        """The server's control now, as a trial backed by `needed_s` records it: its stretch, and its mean
+        time between failures over the control's window."""
+        now = self.now()
+        return self.steadiness.control_s(now), self.steadiness.mean_up_s(now, control_window_s(needed_s))
+
     def may_try(self, needed_s: float, until: float) -> bool:
         """Whether a suspect may be tried now: its server shows the control it needs, or cannot before
         `until` (it fails too often, or the wait is over)."""
         return self._wait_s(needed_s, until) == 0
 
     def _wait_s(self, needed_s: float, until: float) -> float:
-        now = self.now()
-        short_s = self.steadiness.short_of_s(now, needed_s)
-        if short_s <= 0 or now >= until or (not self.steadiness.down and now + short_s > until):
-            return 0.0
-        return min(short_s, until - now)
+        return control_wait_s(self.steadiness, self.now(), needed_s, until)
 
     async def await_control(
-        self, needed_s: float, until: float, gave_up: Callable[[], str | None], sampling: SamplingSettings
+        self,
+        needed_s: float,
+        until: float,
+        gave_up: Callable[[], str | None],
+        sampling: SamplingSettings,
+        *,
+        waiting: Callable[[float], None] = lambda _starts_by: None,
     ) -> None:
         """Return once `may_try`; raise InferenceUnavailable (ABANDONED) when the worker gives the batch up
-        first. A server seen down is asked a canary now and then."""
+        first. A server seen down is asked a canary now and then, and an idle one too (the control).
+        `waiting` is told, at each look, when the trial will begin at the latest if nothing fails."""
         while True:
             reason = gave_up()
             if reason is not None:
                 raise InferenceUnavailable(f"not tried: {reason}", cause=FailureCause.ABANDONED)
-            if self.steadiness.down and not self._suspended():
-                await self.canary(sampling, "is the server back, for a trial")
+            if not self._suspended():
+                if self.steadiness.down:
+                    await self.canary(sampling, "is the server back, for a trial")
+                elif self._idle() and self.now() - self._last_canary >= CONTROL_CANARY_INTERVAL_S:
+                    await self.canary(sampling, "a suspect waits for its control, and nothing else runs")
             wait_s = self._wait_s(needed_s, until)
             if wait_s == 0:
                 return
-            await asyncio.sleep(min(wait_s, COMEBACK_CANARY_INTERVAL_S))
+            waiting(self.now() + wait_s)
+            await asyncio.sleep(min(wait_s, COMEBACK_CANARY_INTERVAL_S, CONTROL_CANARY_INTERVAL_S))
 
     async def comeback(
         self, sampling: SamplingSettings, failed_at: float, gave_up: Callable[[], str | None], why: str

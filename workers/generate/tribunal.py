@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
@@ -21,6 +21,7 @@ from inference.chat_stream import ChatResult
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
 from workers.generate.silence import SilenceWatch
 from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Ruling, failed_after_s, trial_end
+from workers.state.heartbeats import TrialPlan
 from workers.state.poison import (
     Evidence,
     PoisonPolicy,
@@ -49,6 +50,7 @@ class Strikes(Protocol):
 class Case(Protocol):
     """What a suspect's trial needs of the batch at work (the engine's job)."""
 
+    run: str
     sampling: SamplingSettings
     suspects: set[str]  # prompts tried alone
     evidence: dict[str, list[Evidence]]  # their records, as last read
@@ -71,6 +73,26 @@ class Tribunal:
     in_thread: Callable[..., Awaitable[Any]]  # a blocking call to the run's state, on the engine's threads
     life: Callable[[], str]  # the server's life as the strikes name it
     alone: Callable[[], AbstractAsyncContextManager[None]]  # the whole server: nothing else in flight
+    plans: dict[tuple[str, str], TrialPlan] = field(default_factory=dict)  # by (run, prompt): for status
+
+    def trial_plans(self) -> tuple[TrialPlan, ...]:
+        """The suspects this worker holds, on trial first, then by when their trials begin (any thread)."""
+        plans = list(self.plans.values())
+        return tuple(sorted(plans, key=lambda plan: (not plan.on_trial, plan.next_at or 0.0)))
+
+    def _plan(
+        self, case: Case, prompt_id: str, *, since: float, needed_s: float, starts_by: float | None
+    ) -> None:
+        """Note where the suspect stands; `starts_by` on the loop's clock (None: on trial now)."""
+        next_at = None if starts_by is None else time.time() + max(0.0, starts_by - self.court.now())
+        self.plans[(case.run, prompt_id)] = TrialPlan(
+            run=case.run,
+            prompt_id=prompt_id,
+            on_trial=starts_by is None,
+            since=since,
+            next_at=next_at,
+            control_s=round(needed_s, 1),
+        )
 
     async def suspect(self, case: Case, prompt_id: str, error: InferenceUnavailable) -> Verdict | None:
         """Record a failure of the prompt's request where the server may be to blame: with the server
@@ -115,15 +137,24 @@ class Tribunal:
         )
         case.mark_sent(prompt_id)  # waiting for its trial: the message need not wait with it
         until = court.control_wait_until(needed_s)
-        while True:
-            await court.await_control(needed_s, until, stop_reason, case.sampling)
-            async with self.alone():
-                if court.may_try(needed_s, until):
-                    return await self._try_alone(case, prompt_id, send, stop_reason, given_up)
-                # a failure during the drain: wait for the control again, letting other work in
+        since = time.time()
+
+        def waiting(starts_by: float) -> None:
+            self._plan(case, prompt_id, since=since, needed_s=needed_s, starts_by=starts_by)
+
+        try:
+            while True:
+                await court.await_control(needed_s, until, stop_reason, case.sampling, waiting=waiting)
+                async with self.alone():
+                    if court.may_try(needed_s, until):
+                        self._plan(case, prompt_id, since=time.time(), needed_s=needed_s, starts_by=None)
+                        return await self._try_alone(case, prompt_id, send, needed_s, stop_reason, given_up)
+                    # a failure during the drain: wait for the control again, letting other work in
+        finally:
+            self.plans.pop((case.run, prompt_id), None)
 
     async def _try_alone(
-        self, case: Case, prompt_id: str, send: Send, stop_reason: Reason, given_up: Reason
+        self, case: Case, prompt_id: str, send: Send, needed_s: float, stop_reason: Reason, given_up: Reason
     ) -> ChatResult:
         court, steadiness = self.court, self.court.steadiness
         reason = stop_reason()
@@ -134,13 +165,14 @@ class Tribunal:
                 "not tried: the server did not answer a one-token canary", cause=FailureCause.REFUSED
             )
         canary_at = court.now()
+        control_s, mean_up_s = court.record(needed_s)
         begun = TrialBegun(
             trial=uuid.uuid4().hex[:12],
             life=self.life(),
             started_at=time.time(),
             canary_before_s=0.0,
-            control_s=round(steadiness.control_s(canary_at), 3),
-            mean_up_s=round(steadiness.mean_up_s(canary_at), 3),
+            control_s=round(control_s, 3),
+            mean_up_s=round(mean_up_s, 3),
         )
         await self._strike(case, prompt_id, begun)
         started = court.now()
@@ -189,7 +221,7 @@ class Tribunal:
                 and await court.canary(case.sampling, f"prompt {prompt_id} alone: {error}")
             )
             ending, note = trial_end(error, server_answers=answers), str(error)
-            took_s = failed_after_s(error, started=started, last_sign=last_sign, failed_at=failed_at)
+            took_s = failed_after_s(error, ending, started=started, last_sign=last_sign, failed_at=failed_at)
         ruling, back_s = Ruling.GIVEN_UP, math.nan
         if ending is TrialEnd.GIVEN_UP:
             steadiness.trial_completed()  # an answer (an error status) or the worker's doing

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
@@ -31,7 +32,7 @@ from workers.broker.kombu_layout import (
     waiting_generate_batches,
 )
 from workers.periodic import PeriodicThread
-from workers.recovery.leases import decode_holder
+from workers.recovery.leases import LeaseHolder, decode_holder
 from workers.recovery.seat import TakenSeat
 from workers.state.dispatch import Dispatcher
 from workers.state.keys import KEY_PREFIX, RUNS_KEY, RunKeys
@@ -75,6 +76,21 @@ class ReconcileReport:
     def acted(self) -> bool:
         """Whether a batch had to be dispatched again (a routine flush does not count)."""
         return bool(self.expired_leases or self.stranded)
+
+
+@dataclass(frozen=True)
+class TakenBack:
+    """A batch whose lease was taken back, and who held it (None when its holder record was unreadable)."""
+
+    batch_id: str
+    holder: LeaseHolder | None
+
+
+BeforeDispatch = Callable[[str, list[TakenBack]], object]
+"""Called with a run and the batches taken back from its dead holders, before they are dispatched again."""
+
+
+def _nothing_before(_run: str, _taken: list[TakenBack]) -> None: ...
 
 
 class _WaitingQueue:
@@ -150,11 +166,14 @@ class Reconciler:
     def _take_back_expired(self, run: str) -> ReconcileReport:
         keys = RunKeys(run)
         flat = self._scripts.expire_leases(keys=[keys.open_batches, keys.leases, keys.lease_owners])
-        return self._dispatch_taken_back(run, flat, "ran out")
+        return self._dispatch_taken_back(run, _taken_back(flat), "ran out")
 
-    def take_back_seat(self, seat: TakenSeat, label: str) -> int:
+    def take_back_seat(
+        self, seat: TakenSeat, label: str, *, before_dispatch: BeforeDispatch = _nothing_before
+    ) -> int:
         """A worker that took its label's seat from a dead process takes that process's leases back at
-        once, in every run, instead of waiting for them to run out. Returns how many."""
+        once, in every run, instead of waiting for them to run out; `before_dispatch` is told of each
+        run's batches first. Returns how many."""
         taken = 0
         for raw in sorted(self._client.smembers(RUNS_KEY)):
             run = raw.decode()
@@ -162,28 +181,28 @@ class Reconciler:
             flat = self._scripts.take_back_seat_leases(
                 keys=[keys.open_batches, keys.leases, keys.lease_owners], args=[label, seat.token]
             )
-            taken += self._dispatch_taken_back(run, flat, "was held by a dead worker").expired_leases
+            batches = _taken_back(flat)
+            if batches:
+                before_dispatch(run, batches)
+            taken += self._dispatch_taken_back(run, batches, "was held by a dead worker").expired_leases
         return taken
 
-    def _dispatch_taken_back(self, run: str, flat: list[bytes], why: str) -> ReconcileReport:
-        """Leases taken back (id, holder pairs): drop their dead holders' unacknowledged messages, then
-        dispatch their batches again, before every batch not begun (their conversations under way resume
-        before new ones start)."""
+    def _dispatch_taken_back(self, run: str, taken_back: list[TakenBack], why: str) -> ReconcileReport:
+        """Leases taken back: drop their dead holders' unacknowledged messages, then dispatch their batches
+        again, before every batch not begun (their conversations under way resume before new ones start)."""
         report = ReconcileReport()
-        taken_back = [
-            (raw.decode(), decode_holder(holder) if holder else None)
-            for raw, holder in zip(flat[::2], flat[1::2], strict=True)
-        ]
-        report.stale_messages_dropped = drop_unacked_of_batches(self._client, run, (b for b, _ in taken_back))
-        for batch_id, holder in taken_back:
+        report.stale_messages_dropped = drop_unacked_of_batches(
+            self._client, run, (taken.batch_id for taken in taken_back)
+        )
+        for taken in taken_back:
             log.warning(
                 "batch %s of run %s: the lease of %s %s; dispatching it again",
-                batch_id,
+                taken.batch_id,
                 run,
-                holder.worker if holder else "an unknown worker",
+                taken.holder.worker if taken.holder else "an unknown worker",
                 why,
             )
-            self._dispatch.generate(run, batch_id, resumed=True)
+            self._dispatch.generate(run, taken.batch_id, resumed=True)
             report.expired_leases += 1
         return report
 
@@ -254,3 +273,11 @@ class ReconcilerLoop:
 
     def stop(self) -> None:
         self._thread.stop()
+
+
+def _taken_back(flat: list[bytes]) -> list[TakenBack]:
+    """The id, holder pairs a take-back function returns."""
+    return [
+        TakenBack(raw.decode(), decode_holder(holder) if holder else None)
+        for raw, holder in zip(flat[::2], flat[1::2], strict=True)
+    ]

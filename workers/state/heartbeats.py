@@ -17,6 +17,18 @@ from workers.state.redis_client import values_matching
 
 HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 20  # four beats: a worker missing that many is gone
+TRIAL_PLANS_IN_A_BEAT = 16  # a worker's suspects beyond these are counted, not listed
+
+
+class TrialPlan(Record, frozen=True):
+    """A suspect of poison a worker holds: waiting for its trial alone, or on trial (state/poison.py)."""
+
+    run: str
+    prompt_id: str
+    on_trial: bool  # alone on the server now
+    since: float  # unix seconds: waiting, or on trial, since then
+    next_at: float | None  # unix seconds: its trial begins by then at the latest (None: on trial)
+    control_s: float  # the failure-free work its server must show before it
 
 
 class WorkerHeartbeat(Record, frozen=True):
@@ -33,6 +45,12 @@ class WorkerHeartbeat(Record, frozen=True):
     spec_accept_length: float | None  # tokens per verify step; None when the server does not say
     updated_at: float  # unix seconds, the worker's clock
     interval_s: float = HEARTBEAT_INTERVAL_S
+    trials: list[TrialPlan] = msgspec.field(
+        default_factory=list
+    )  # its suspects, TRIAL_PLANS_IN_A_BEAT at most
+    suspects: int = 0  # how many it holds in all
+    trial_within_s: float | None = None  # a lone suspect's silence or wedge is judged within this
+    timing_floor_s: float | None = None  # a wedge is timed no finer than this (two liveness polls)
 
 
 def encode_heartbeat(beat: WorkerHeartbeat) -> bytes:

@@ -48,6 +48,14 @@ SCAN_COUNT = 10_000
 EVENTS_KEPT = 200_000  # completion events kept per run for recent rates (about an hour at 50/s)
 
 
+SERVER_IDENTITY_CHARS = 8  # of a worker's seat token: tells its strikes from its predecessors'
+
+
+def server_identity(seat_token: str) -> str:
+    """How a worker process names its server's lives in poison records: `<label>#<identity>.<life>`."""
+    return seat_token[:SERVER_IDENTITY_CHARS]
+
+
 def gpu_label(origin: Origin) -> str:
     """`host/gpuN`, or `host/url` for a worker configured by URL: one status row per GPU."""
     return (

@@ -16,7 +16,11 @@ prompt in Redis (`strikes`) across workers, servers and server lives, as a log o
   was, at least `control_factor` times as long as the suspect took to fail. A trial the
   suspect completes *acquits* it: everything recorded before is forgotten. Any other trial (the worker
   gave it up, the server did not come back, the control was too short, a trial begun and never ended
-  because its worker died) is *void*.
+  because its worker died) is *void*, until the worker's successor closes a trial its dead predecessor
+  left open (`killed`): the worker died while the suspect ran alone, which convicts on the same control,
+  timed up to the successor's start.
+- a worker that died holding a batch (its successor took the batch back) leaves each of the batch's prompts
+  still to generate a suspicion (`WORKER_DIED`): a prompt that kills its worker process is tried alone too.
 
 `convictions_to_dead` convictions dead-letter the prompt as `poison_prompt`, its letter describing each
 trial. The verdict is a pure function of the recorded events (`PoisonPolicy.judge`); the record is
@@ -57,6 +61,18 @@ EVIDENCE_MAX_BYTES = 8192
 EVIDENCE_READ_MAX_BYTES = 2 * EVIDENCE_MAX_BYTES
 """A longer record was not written by draftgen: it is read as no evidence at all."""
 NOTE_MAX_CHARS = 300
+CONTROL_WAIT_FACTOR = 3.0
+"""A suspect waits up to this many times the control it needs for its server to show it, and the server's
+mean time between failures is taken over as long (`control_window_s`): once it fails no more, any server
+shows the control within that wait, however often it failed before. One that cannot show it in that time
+(it fails too often) gets the suspect at once: a trial the control does not back cannot convict, but it
+can acquit, and no suspect waits for ever."""
+WORKER_DIED = "worker died"
+"""A suspicion's cause when the prompt's worker died holding it (its successor took its batch back)."""
+KILLED_TIMING_HEADROOM = 1.5
+"""A trial whose worker died is timed up to its successor's start, which varies with the restart: the next
+trial waits for the control of a death this much slower, so that the same prompt killing the next worker
+a few seconds later than the last still convicts."""
 
 
 class TrialEnd(enum.StrEnum):
@@ -67,6 +83,7 @@ class TrialEnd(enum.StrEnum):
     DROPPED = "its connection dropped while the server still answered"
     WEDGED = "the server stopped making progress"  # liveness: no token for the stall window
     SILENT = "it was silent while the server still answered"  # for the stall window, alone
+    KILLED = "its worker died while it ran alone"  # closed by the worker's successor, timed to its start
     GIVEN_UP = "given up"  # the worker stopped, the lease was lost, an error status: no verdict
 
 
@@ -186,7 +203,7 @@ class PoisonPolicy:
                 Outcome.VOID,
                 f"its canary answered {ended.canary_before_s:.0f} s before it, not just before",
             )
-        if ended.canary_after_s is None:
+        if ended.canary_after_s is None and ended.ended is not TrialEnd.KILLED:
             return Outcome.VOID, "the server did not answer a canary again: it was broken, not the prompt"
         needed_s = self.control_needed_s(ended.failed_after_s)
         if min(ended.control_s, ended.mean_up_s) < needed_s:
@@ -211,9 +228,39 @@ class PoisonPolicy:
 
     def control_before_trial_s(self, evidence: Sequence[Evidence], timing_floor_s: float) -> float:
         """The failure-free work a server must show before this suspect's next trial, so that a failure
-        as fast as its last one (or than a wedge can be timed, `timing_floor_s`) convicts."""
-        times = [e.failed_after_s for e in since_acquittal(evidence, self) if isinstance(e, TrialEnded)]
-        return self.control_needed_s(max([timing_floor_s, *times[-1:]]))
+        as fast as its last one convicts, timed as that one was (`timed_failure_s`; a first trial: a
+        failure as fast as a wedge can be timed, `timing_floor_s`). The last one, not the slowest: a
+        failure of the server's own long ago, or its worker killed by something else, holds up only the
+        next trial; a suspect whose failures come later each time is given each one's control in turn."""
+        failed = [
+            e
+            for e in since_acquittal(evidence, self)
+            if isinstance(e, TrialEnded) and e.ended not in (TrialEnd.COMPLETED, TrialEnd.GIVEN_UP)
+        ]
+        if not failed:
+            return self.control_needed_s(timing_floor_s)
+        return self.control_needed_s(timed_failure_s(failed[-1], timing_floor_s))
+
+
+def timed_failure_s(ended: TrialEnded, timing_floor_s: float) -> float:
+    """How fast a failed trial's suspect should be taken to fail next time, by how its failure was timed:
+    a wedge by the liveness watch's polls (no faster than `timing_floor_s`), a worker's death up to its
+    successor's start (with KILLED_TIMING_HEADROOM), a drop or a silence to the chunk."""
+    if ended.ended is TrialEnd.WEDGED:
+        return max(ended.failed_after_s, timing_floor_s)
+    if ended.ended is TrialEnd.KILLED:
+        return ended.failed_after_s * KILLED_TIMING_HEADROOM
+    return ended.failed_after_s
+
+
+def open_trials(evidence: Sequence[Evidence], life_prefix: str) -> list[TrialBegun]:
+    """The trials begun on a server life starting with `life_prefix` and never ended (their worker died)."""
+    ended = {e.trial for e in evidence if isinstance(e, TrialEnded)}
+    return [
+        e
+        for e in evidence
+        if isinstance(e, TrialBegun) and e.trial not in ended and e.life.startswith(life_prefix)
+    ]
 
 
 def since_acquittal(evidence: Sequence[Evidence], policy: PoisonPolicy) -> Sequence[Evidence]:
@@ -231,7 +278,12 @@ def _moment(unix_s: float) -> str:
 
 def _trial_line(ended: TrialEnded) -> str:
     server = ended.life.split("#", 1)[0]
-    back = f"back {ended.canary_after_s:.1f} s after" if ended.canary_after_s is not None else "never back"
+    if ended.ended is TrialEnd.KILLED:
+        back = "its successor working"
+    elif ended.canary_after_s is not None:
+        back = f"back {ended.canary_after_s:.1f} s after"
+    else:
+        back = "never back"
     return (
         f"on {server} (life {ended.life}) at {_moment(ended.started_at)}, {ended.ended} "
         f"{ended.failed_after_s:.1f} s in (canary {ended.canary_before_s:.1f} s before, {back}; "
@@ -253,9 +305,11 @@ def describe(evidence: Sequence[Evidence], policy: PoisonPolicy) -> str:
         for e in current
         if isinstance(e, Suspicion)
     )
+    killed = sum(1 for e in convicted if e.ended is TrialEnd.KILLED)
+    died = f" (its worker died in {killed} of them)" if killed else ""
     parts = [
-        f"no answer alone {len(convicted)} times, the server answering a canary before and after each: "
-        + "; ".join(_trial_line(e) for e in convicted)
+        f"no answer alone {len(convicted)} times{died}, the server answering a canary before and after "
+        "each: " + "; ".join(_trial_line(e) for e in convicted)
     ]
     if void or open_trials:
         parts.append(f"{void + len(open_trials)} more trials void")
