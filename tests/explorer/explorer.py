@@ -33,13 +33,15 @@ from tests.explorer.fleet import (
     EnqueueProcess,
     Fleet,
     FleetShape,
+    PoisonKind,
     Snapshot,
     Twin,
     UploaderProcess,
     Worker,
 )
 from tests.explorer.invariants import Invariants
-from tests.explorer.schedule import Killed, Process, Scheduler
+from tests.explorer.liveness import CALM_LONGEST_STEP_S, CALM_TIME_STEP_S, bound_for
+from tests.explorer.schedule import Killed, Process, Scheduler, Step
 from workers.broker.kombu_layout import waiting_messages
 from workers.record.reading import read_enqueued_ids
 from workers.state.keys import RunKeys
@@ -48,16 +50,19 @@ from workers.state.queues import GENERATE_QUEUE
 
 FAULT_PHASE_MAX_ACTIONS = 800
 FAULTS_AFTER_FINISHING = 40  # faults go on past the run's first finish: rollbacks then undo commits
-CALM_PHASE_ACTIONS = 2_500
+CALM_PHASE_ACTIONS = 6_000  # a net: the run must finish within its time bound (tests/explorer/liveness.py)
 RECENT_SNAPSHOT_ACTIONS = 60  # the writes a rollback may lose: a power cut ~1 s, a lagging replica more
 TIME_STEPS_S = (10.0, 30.0, 60.0)  # multiples of ten, as every threshold is: ages compare the same way
 PROMPT_COUNTS = (4, 6, 8)
 BATCH_SIZES = (2, 3)
 WORKERS = 2
-POISONED_SHARE = 0.3  # schedules where one batch's prompts make every attempt raise
-WEDGING_SHARE = 0.4  # of the others, schedules where one prompt wedges its server whenever it is sent
+POISONED_SHARE = 0.25  # schedules where one batch's prompts make every attempt raise
+POISON_SHARE = 0.6  # of the others, schedules with prompts poison to prove, drawn from POISON_PLANTINGS
+# (how many, all of the run's single prompts when None; the last ones, or drawn among all)
+POISON_PLANTINGS = ((1, False), (1, True), (3, True), (None, False))
 UUID_SEED_SALT = 0x1D5
 STEPS_A_WORKER_RUNS_AT_ONCE = 2  # deliveries in flight per worker
+CALM_PROGRESS = frozenset({"takes a message", "runs a retry", "settles a tail"})  # a worker's, beside time
 PART_STEP = "enqueue part"
 
 # The weights of the choices, relative to one another.
@@ -93,12 +98,19 @@ class ScheduleResult:
 class Explorer:
     def __init__(self, seed: int, redis_url: str, output: Path) -> None:
         self.rng = random.Random(seed)
+        prompts = self.rng.choice(PROMPT_COUNTS)
+        poisoned = self.rng.random() < POISONED_SHARE
+        planted, at_the_tail = (0, False)
+        if not poisoned and self.rng.random() < POISON_SHARE:  # a batch that fails takes them with it
+            count, at_the_tail = self.rng.choice(POISON_PLANTINGS)
+            planted = prompts if count is None else count
         shape = FleetShape(
-            prompts=self.rng.choice(PROMPT_COUNTS),
+            prompts=prompts,
             batch_size=self.rng.choice(BATCH_SIZES),
             workers=WORKERS,
-            poisoned=(poisoned := self.rng.random() < POISONED_SHARE),
-            wedging=not poisoned and self.rng.random() < WEDGING_SHARE,  # a batch that fails takes it with it
+            poisoned=poisoned,
+            poison=tuple(self.rng.choice(list(PoisonKind)) for _ in range(planted)),
+            at_the_tail=at_the_tail,
         )
         self.scheduler = Scheduler()
         self.fleet = Fleet(redis_url, output, self.rng, self.scheduler, shape)
@@ -120,15 +132,8 @@ class Explorer:
             if faults_end == FAULT_PHASE_MAX_ACTIONS and self.checks.finished():
                 faults_end = action + FAULTS_AFTER_FINISHING
         self._calm_down()
-        for _ in range(CALM_PHASE_ACTIONS):
-            if not self.scheduler.parked() and self.checks.finished():
-                self.result.finished = True
-                break
-            self._enqueue_again_if_redis_lost_prompts()
-            if not self._act(faults=False):
-                return self._end()
-        if not self.result.finished:
-            self.result.violations.append(f"the run never finished once faults stopped: {self._counts()}")
+        if not self._calm_phase():
+            return self._end()
         self.result.violations += self.checks.at_end()
         return self._end()
 
@@ -138,12 +143,122 @@ class Explorer:
         for twin in self.fleet.twins:
             if not twin.process.dead:
                 self._kill(twin.process)
+        self._restart_the_dead()
+        if not self.fleet.library_loaded():
+            self.fleet.load_the_library()
+        for label in list(self.fleet.hung_servers):
+            self.fleet.server_back(label)
+        self.fleet.calm = True
+
+    def _restart_the_dead(self) -> None:
+        """systemd's Restart=always: every dead generate worker and uploader starts again."""
         for name in [w.process.name for w in self.fleet.workers] + [self.fleet.uploader.process.name]:
             if (worker := self.fleet.restart(name)) is not None:
                 self._start(worker, "seat", worker.take_seat)
-        if not self.fleet.library_loaded():
-            self.fleet.load_the_library()
-        self.fleet.hung_servers.clear()
+
+    def _calm_phase(self) -> bool:
+        """Work on without faults, every process given its turn (fairly: time passes only when nothing else
+        can go on), until the run is finished: within its bound of time (tests/explorer/liveness.py), or
+        the schedule is a violation (a run held open, as surely as a prompt lost). False once violated."""
+        started_s = self.fleet.clock.now_s
+        ticked = False  # the periodic steps have had their turn since time last passed
+        woken: set[int] = set()  # sleeping steps whose time has passed
+        for _ in range(CALM_PHASE_ACTIONS):
+            if not self.scheduler.parked() and self.checks.finished():
+                self.result.finished = True
+                return self._within_bound(started_s)
+            self._enqueue_again_if_redis_lost_prompts()
+            options = self._calm_options(woken)
+            if not options and not ticked:  # each periodic thread turns once between two moments
+                options, ticked = [self._all_of(self._periodic_options())], True
+            if options:
+                if not self._act_on(options, faults=False):
+                    return False
+                continue
+            if not self._within_bound(started_s):
+                return False
+            self.fleet.pass_time(self._calm_time_step_s())
+            woken = {id(step) for step in self.scheduler.parked() if step.parked_at == SLEEP}
+            ticked = False
+        self.result.violations.append(f"the run never finished once faults stopped: {self._counts()}")
+        return False
+
+    def _calm_time_step_s(self) -> float:
+        """Time passes to the first sleeper's wake, by CALM_TIME_STEP_S at least and CALM_LONGEST_STEP_S at
+        most (the periodic steps then had their turn: every lease renewed, the reconciler's pass)."""
+        wakes = [self.fleet.next_wake_s(self.scheduler.parked()), *self._due_s()]
+        wake_s = min((wake for wake in wakes if wake is not None), default=None)
+        wait_s = CALM_LONGEST_STEP_S if wake_s is None else wake_s - self.fleet.clock.now_s
+        return min(max(wait_s, CALM_TIME_STEP_S), CALM_LONGEST_STEP_S)
+
+    def _due_s(self) -> list[float]:
+        """When a flush waiting its countdown, and the messages workers hold for later, are due."""
+        fleet, now_s = self.fleet, self.fleet.clock.now_s
+        due = [fleet.flush_due_at_s] if fleet.flush_requests and fleet.flush_due_at_s > now_s else []
+        return due + [held.eta_s for worker in fleet.workers for held in worker.held if held.eta_s > now_s]
+
+    def _within_bound(self, started_s: float) -> bool:
+        took_s = self.fleet.clock.now_s - started_s
+        bound_s = bound_for(self.fleet, self.fleet.tried_when_calm)
+        if took_s <= bound_s:
+            return True
+        poison, tried = len(self.fleet.poison_kinds), len(self.fleet.tried_when_calm)
+        self.result.violations.append(
+            f"the run was not finished {took_s:,.0f} s after faults stopped, past its bound of "
+            f"{bound_s:,.0f} s ({poison} poison prompts, {tried} tried alone): {self._counts()}"
+        )
+        return False
+
+    def _calm_options(self, woken: set[int]) -> list[Option]:
+        """What can go on now without time passing: a parked call, a sleeper whose time came, a message
+        to take, a retry due, a tail, a flush, a restart of the dead."""
+        fleet = self.fleet
+        options: list[Option] = []
+        for step in self.scheduler.parked():
+            if step.parked_at != SLEEP or id(step) in woken:
+                options.append(
+                    (GRANT, f"grant {step.process.name}/{step.what}", partial(self._wake, step, woken))
+                )
+        if any(w.process.dead for w in fleet.workers) or fleet.uploader.process.dead:
+            options.append((START, "systemd restarts the dead", self._restart_the_dead))
+        for worker in fleet.workers:
+            if not worker.process.dead and worker.seated:
+                options += [o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] in CALM_PROGRESS]
+        uploader = fleet.uploader
+        if (
+            not uploader.process.dead
+            and fleet.flush_requests
+            and fleet.clock.now_s >= fleet.flush_due_at_s  # a flush whose lock was busy waits its countdown
+            and not self._running(uploader.process, "flush")
+        ):
+            options.append((START, "flush", partial(self._start, uploader, "flush", uploader.flush)))
+        return options
+
+    def _periodic_options(self) -> list[Option]:
+        """Each live worker's periodic turns (renewing its leases, checking its seat, a reconcile pass), as
+        their threads run between two moments of time."""
+        options: list[Option] = []
+        for worker in self.fleet.workers:
+            if not worker.process.dead and worker.seated:
+                options += [
+                    o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] not in CALM_PROGRESS
+                ]
+        return options
+
+    @staticmethod
+    def _all_of(options: list[Option]) -> Option:
+        """One action doing each of `options` (steps started together)."""
+
+        def each() -> None:
+            for _weight, _label, action in options:
+                action()
+
+        return (START, "the periodic threads turn: " + ", ".join(label for _w, label, _a in options), each)
+
+    def _wake(self, step: Step, woken: set[int]) -> None:
+        """Grant a step its call; a sleeper's time has come once: it sleeps again until time passes."""
+        woken.discard(id(step))
+        self.scheduler.grant(step)
 
     def _end(self) -> ScheduleResult:
         self.result.checks = self.checks.checked
@@ -152,7 +267,9 @@ class Explorer:
         return self.result
 
     def _act(self, *, faults: bool) -> bool:
-        options = self._options(faults=faults)
+        return self._act_on(self._options(faults=faults), faults=faults)
+
+    def _act_on(self, options: list[Option], *, faults: bool) -> bool:
         _weight, label, action = self.rng.choices(options, weights=[o[0] for o in options])[0]
         self.fleet.action += 1
         self.result.actions += 1
@@ -160,10 +277,19 @@ class Explorer:
             self.fleet.take_snapshot(keep=RECENT_SNAPSHOT_ACTIONS)
         self.result.log.append(label)
         action()
+        self._carry_out_prompt_kills()
         self._advance_enqueues_in_parts()
         self._collect_step_errors()
         self.result.violations += self.checks.after_step()
         return not self.result.violations
+
+    def _carry_out_prompt_kills(self) -> None:
+        """A worker a poison prompt killed dies whole: whatever else of it runs is killed too."""
+        while self.fleet.prompt_kills:
+            process = self.fleet.prompt_kills.pop()
+            self.result.faults["killed by a prompt"] += 1
+            self.scheduler.kill(process)
+            self.fleet.close_sockets(process)
 
     # ------------------------------------------------------------------ choosing
 
@@ -242,6 +368,11 @@ class Explorer:
             (FAULT / 4, "visibility timeout", partial(self._fault, "restored", fleet.restore_unacked)),
             (FAULT / 3, "a malformed message", partial(self._fault, "malformed", fleet.push_malformed)),
             (FAULT / 3, "a forged staged record", partial(self._fault, "forged", fleet.forge_a_record)),
+            (
+                FAULT / 4,
+                "a message delayed for years",
+                partial(self._fault, "delayed", fleet.delay_a_message_for_years),
+            ),
         ]
         return options + self._redis_and_seat_faults()
 

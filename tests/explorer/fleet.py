@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import enum
 import functools
 import json
 import random
@@ -39,6 +40,7 @@ import redis
 
 from core.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
 from core.run_settings.model import RunSettings
+from inference.errors import FailureCause, InferenceUnavailable
 from intake.rejected import RejectedRow
 from producer.enqueue.enqueuer import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue.processes import dealt
@@ -57,6 +59,7 @@ from tests.support.malformed_messages import (
 )
 from tests.support.records import completion, prompt
 from tests.support.redis_snapshot import RedisSnapshot
+from workers.bootsteps.seating import take_back_after_death
 from workers.broker.message_check import why_malformed
 from workers.broker.parked_messages import park, parked_message
 from workers.context import WorkerContext
@@ -64,6 +67,14 @@ from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batch_life import BatchLife
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
+from workers.generate.trials import (
+    Steadiness,
+    TrialSettings,
+    control_wait_s,
+    control_window_s,
+    failed_after_s,
+    trial_end,
+)
 from workers.record.manifest import MANIFEST_PREFIX
 from workers.record.output_pin import write_run_json
 from workers.record.storage import FolderStore
@@ -77,12 +88,15 @@ from workers.settings import WorkerSettings
 from workers.state.batch_priority import batch_priority
 from workers.state.codec import encode_blob
 from workers.state.keys import SEATS_KEY_PREFIX, RunKeys
+from workers.state.ledger import server_identity
 from workers.state.poison import (
+    CONTROL_WAIT_FACTOR,
     Evidence,
     PoisonPolicy,
     Suspicion,
     TrialBegun,
     TrialEnd,
+    TrialEnded,
     Verdict,
     describe,
 )
@@ -100,13 +114,32 @@ from workers.state.queues import (
 RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED, POISON = "answered", "refused", "unanswered", "dead-lettered as poison"
 POISON_POLICY = PoisonPolicy()  # the defaults, as workers run them
-TRIAL_STEADY_S = 3_600.0  # a server steady for an hour before a trial, failing once an hour
-TRIAL_UNSTEADY_S = 1.0  # a server that fails every second: its failures prove nothing
-TRIAL_FAILED_AFTER_S = 2.0
-# (steady before, back after) of an ordinary suspect's failed trial: each proves nothing, by one half of
-# the rule only (a rule missing that half would convict)
-UNLUCKY_TRIALS = ((True, False), (False, True))
+TRIAL_SETTINGS = TrialSettings()  # the defaults: the liveness watch's 300 s stall window and 5 s polls
+# The modelled server's timings, in seconds of the schedule's clock. A wedge is seen by the liveness watch
+# after its stall window, timed to its last poll that saw progress; a hanging request (its server answers
+# others) runs out of a client timeout shorter than the stall window, as an operator may set it, its
+# first chunk come at once; a server restarted by its watch answers again a while later.
+WEDGE_TIMED_S = 2.0
+REQUEST_TIMEOUT_S = 60.0
+FIRST_CHUNK_S = 0.2
+RESTART_S = 30.0
+COMPLETED_ALONE_S = 15.0  # an ordinary suspect's request alone
+FAR_FUTURE_S = 10 * 365 * 86_400.0  # a forged eta: ten years on
+CALM_WAIT_S = 10.0  # a request waiting for a suspect's trial to end looks again this much later
+# (the server failed, it came back) of an ordinary suspect's trial failed during the faults: an outage
+# of its server's own, then back or never back (a rule missing that half would convict)
+UNLUCKY_TRIALS = ((True, False), (True, True))
 ACQUITTED_SHARE = 0.25  # an ordinary suspect completes its trial (its record starts over)
+
+
+class PoisonKind(enum.Enum):
+    """What a poison prompt does to its worker, every time it is sent."""
+
+    WEDGES = "wedges its server"  # the whole server stops: the liveness watch suspends the worker
+    HANGS = "hangs"  # its request never answers while the server answers others
+    KILLS = "kills its worker"  # the worker process dies (a segfault, the OOM killer)
+
+
 IN_FLIGHT_WHEN_SUSPENDED_SHARE = 0.5  # a prompt of a suspended worker was in flight (abandoned), not unsent
 ENQUEUE_PARTS = (1, 2, 3)  # processes an enqueue runs in (producer/enqueue/processes.py), drawn each time
 REQUEST_FATES = {ANSWERED: 0.75, REFUSED: 0.13, UNANSWERED: 0.12}
@@ -169,7 +202,8 @@ class FleetShape:
     batch_size: int
     workers: int
     poisoned: bool  # one batch's prompts make every attempt raise unexpectedly
-    wedging: bool  # one prompt wedges its server whenever it is sent: a poison prompt to prove
+    poison: tuple[PoisonKind, ...] = ()  # prompts poison to prove, each of its kind
+    at_the_tail: bool = False  # the poison prompts are the run's last ones, not drawn among all
 
 
 class FakeClock:
@@ -277,7 +311,7 @@ class Bus:
         if popped is None:
             return None
         step, raw = popped
-        malformed = why_malformed(raw, GENERATE_QUEUE)
+        malformed = why_malformed(raw, GENERATE_QUEUE, now_s=self._clock.now_s)
         if malformed is not None:
             park(client, parked_message(raw, GENERATE_QUEUE, malformed, at=self._clock.now_s))
             if raw in self.sent:
@@ -500,6 +534,8 @@ class Worker:
         self.held: list[Delivery] = []  # delivered, waiting for their countdown (Celery keeps them)
         self.detached = DetachedTails()
         self.context = HarnessContext(self)
+        self.steadiness = Steadiness(since=fleet.clock.now_s)  # its server's record, as it saw it
+        self.alone = False  # a suspect holds its server alone
 
     def take_seat(self) -> None:
         """What a worker does before it consumes: take its seat, then what its dead predecessor held. A
@@ -511,9 +547,14 @@ class Worker:
             return
         self.keeper_started = True
         self.fleet.seat_taken(self.process.name, taken)
-        with contextlib.suppress(FunctionsMissing):  # its predecessor's leases run out as any do
-            self.reconciler().take_back_seat(taken, self.process.name)
+        take_back_after_death(
+            self.client, self.reconciler(), taken, self.process.name, clock=self.fleet.clock
+        )
         self.seated = True
+
+    def life(self) -> str:
+        """Its server's life as the engine names it in poison records."""
+        return f"{self.process.name}#{server_identity(self.seat.token)}.{self.steadiness.lives}"
 
     def check_seat(self) -> None:
         """The seat's keeper, as its thread runs every half second."""
@@ -624,10 +665,8 @@ class Twin:
             return
         self.fleet.seat_taken(self.label, taken)
         settings = ReconcileSettings(upload_max_age_s=UploadSettings().max_age_s)
-        with contextlib.suppress(FunctionsMissing):
-            Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings).take_back_seat(
-                taken, self.label
-            )
+        reconciler = Reconciler(self.client, StepDispatcher(self.fleet, self.client), settings)
+        take_back_after_death(self.client, reconciler, taken, self.label, clock=self.fleet.clock)
         seat.release()
 
 
@@ -642,8 +681,9 @@ class UploaderProcess:
         run = self.fleet.flush_requests.pop(0)
         try:
             report = self.uploader.flush(run)
-        except RetryLater:
+        except RetryLater as error:  # Celery sends it again after its countdown
             self.fleet.flush_requests.append(run)
+            self.fleet.flush_due_at_s = self.fleet.clock.now_s + error.delay_s
             return
         except Killed:  # its message is unacknowledged: Celery delivers it again
             self.fleet.flush_requests.append(run)
@@ -759,8 +799,15 @@ class Fleet:
             else set()
         )
         ordinary = [p.id for p in self.prompts if not p.turn_ends and p.id not in self.poison_prompts]
-        self.wedging_prompt = rng.choice(ordinary) if shape.wedging and ordinary else None
+        count = min(len(shape.poison), len(ordinary))
+        placed = ordinary[len(ordinary) - count :] if shape.at_the_tail else rng.sample(ordinary, count)
+        self.poison_kinds: dict[str, PoisonKind] = dict(zip(placed, shape.poison, strict=False))
         self.trials = 0
+        self.calm = False  # faults are over: the servers fail no more but for the poison planted
+        self.prompt_kills: list[Process] = []  # workers a prompt killed in the last action
+        self.tried_when_calm: set[str] = set()  # prompts tried alone once faults were over
+        self.wake_at: dict[int, float] = {}  # a sleeping step's (by id) time to wake
+        self.flush_due_at_s = 0.0  # a flush that must wait (its lock busy) runs again from then
         self.flush_requests: list[str] = []
         self.workers = [Worker(self, f"gpu{i}") for i in range(shape.workers)]
         self.uploader = UploaderProcess(self, "uploader")
@@ -788,7 +835,8 @@ class Fleet:
     def generate_one(self, job: ModelledJob, one: Prompt) -> None:
         """A prompt's requests, one per turn: each answered, refused (the prompt is dead-lettered) or
         unanswered (left pending: a suspicion of the prompt, and a suspect's request is a trial, see
-        `_trial`). The last turn's answer stages the prompt, whole."""
+        `_trial`); a poison prompt's never answered, or its worker killed. The last turn's answer stages
+        the prompt, whole."""
         finished = job.handover.kept_turns([one.id]).get(one.id, []) if one.turn_ends else []
         for turn in range(len(finished) + 1, one.turn_count + 1):
             if not job.still_held():
@@ -799,22 +847,28 @@ class Fleet:
                 self._abandoned(job, one)
                 return
             fate = self.rng.choices(list(REQUEST_FATES), weights=list(REQUEST_FATES.values()))[0]
-            if one.id == self.wedging_prompt:
-                fate = UNANSWERED
+            kind = self.poison_kinds.get(one.id)
             evidence = job.handover.strikes_of([one.id]).get(one.id, [])
             verdict = POISON_POLICY.judge(evidence)
+            if verdict is Verdict.AS_USUAL and not self._alone_done(job):
+                job.outcome.unreachable.append(one.id)  # its worker was suspended, or its lease lost
+                return
             if verdict is Verdict.DEAD:  # proven by trials whose worker died before its dead letter
                 fate = self._dead_letter_poison(job, one, evidence)
             elif verdict is Verdict.TRIAL:
-                fate = self._trial(job, one)
+                fate = self._trial(job, one, evidence)
+            elif kind is not None:
+                fate = self._poison_in_company(job, one, kind)
             elif fate == UNANSWERED:
-                fate = self._suspected(job, one, with_server=one.id == self.wedging_prompt)
+                fate = self._suspected(job, one, with_server=False)
             if fate == UNANSWERED:
                 job.outcome.unreachable.append(one.id)
                 job.outcome.last_error = "no answer from the modelled server"
                 return
             if fate == POISON:
                 return
+            if fate == ANSWERED:
+                self.worker_of(job).steadiness.served(self.clock.now_s)
             if fate == ANSWERED and turn < one.turn_count:
                 finished.append(completion(one.id, content=turn_answer(one.id, turn)).as_turn())
                 job.handover.keep_turns(one.id, finished)
@@ -822,59 +876,156 @@ class Fleet:
             self._settle_one(job, one, fate, turn, finished)
             return
 
+    def worker_of(self, job: ModelledJob) -> Worker:
+        (worker,) = [w for w in self.workers if w.process.name == job.label and not w.process.dead] or [
+            w for w in self.workers if w.process.name == job.label
+        ][-1:]
+        return worker
+
     def _abandoned(self, job: ModelledJob, one: Prompt) -> None:
         """The liveness watch suspended the engine (its server hung): a request in flight is abandoned, a
         suspicion of its prompt with the server; one not sent yet stays pending, suspected of nothing."""
         job.outcome.unreachable.append(one.id)
         job.outcome.last_error = "the server hung: the worker is suspended"
         if self.rng.random() < IN_FLIGHT_WHEN_SUSPENDED_SHARE:
-            self._suspected(job, one, with_server=True)
+            self._strike_suspicion(job, one, cause="hung", with_server=True)
+
+    def _poison_in_company(self, job: ModelledJob, one: Prompt, kind: PoisonKind) -> str:
+        """A poison prompt sent among others: it wedges the server (the liveness watch suspends the engine,
+        its watch restarts the server), hangs alone while the others stream (cut for silence), or kills
+        its worker."""
+        if kind is PoisonKind.KILLS:
+            self._die(job)
+        return self._suspected(job, one, with_server=kind is PoisonKind.WEDGES)
 
     def _suspected(self, job: ModelledJob, one: Prompt, *, with_server: bool) -> str:
-        """A request that got no answer makes its prompt suspected (the `strike` function, as the engine
-        records it); with its server when the server hung (the wedging prompt's requests, or an outage). The
-        record as it comes back may already prove the prompt poison (another worker's convictions): POISON,
-        else still UNANSWERED."""
-        cause, life = ("hung" if with_server else "dropped"), f"modelled#{self.rng.randrange(4)}"
-        suspicion = Suspicion(life=life, cause=cause, with_server=with_server, at=0.0)
+        """A request that got no answer: a failure of its server as the worker records it (with the server:
+        it went down, and came back), and a suspicion of its prompt."""
+        server = self.worker_of(job).steadiness
+        server.failed(self.clock.now_s, server_down=with_server)
+        server.back(self.clock.now_s)
+        return self._strike_suspicion(
+            job, one, cause="hung" if with_server else "dropped", with_server=with_server
+        )
+
+    def _strike_suspicion(self, job: ModelledJob, one: Prompt, *, cause: str, with_server: bool) -> str:
+        """The suspicion, recorded with the real `strike` function. The record as it comes back may already
+        prove the prompt poison (another worker's convictions): POISON, else still UNANSWERED."""
+        suspicion = Suspicion(
+            life=self.worker_of(job).life(), cause=cause, with_server=with_server, at=self.clock.now_s
+        )
         evidence = job.handover.strike(one.id, suspicion)
         if POISON_POLICY.judge(evidence) is Verdict.DEAD:
             return self._dead_letter_poison(job, one, evidence)
         return UNANSWERED
 
-    def _trial(self, job: ModelledJob, one: Prompt) -> str:
-        """A suspect's request, alone: recorded begun, then ended (a kill between voids it). The wedging
-        prompt fails every trial on a server that was steady before and comes back after (a conviction);
-        another prompt completes its trial (acquitted: answered) or fails one that proves nothing. Three
-        convictions dead-letter the prompt as poison. Returns the request's fate: answered, unanswered or
-        POISON."""
-        wedges = one.id == self.wedging_prompt
+    def _die(self, job: ModelledJob) -> None:
+        """The prompt kills its worker process here, as SIGKILL would: the explorer kills what else of it
+        runs once this action ends."""
+        process = self.worker_of(job).process
+        process.dead = True
+        self.prompt_kills.append(process)
+        raise Killed
+
+    def _wait_until(self, moment_s: float) -> None:
+        while self.clock.now_s < moment_s:
+            self.sleep(moment_s - self.clock.now_s)
+
+    def _trial(self, job: ModelledJob, one: Prompt, evidence: list[Evidence]) -> str:
+        """A suspect's request, alone, as `Tribunal.trial` runs it: it waits for the control its record
+        asks of the worker's server (the real rule, on the schedule's clock), is recorded begun, then ended
+        (a kill between leaves it to the worker's successor). A poison prompt fails it as its kind does: a
+        wedge the stall window long, a hang the client's timeout long, or its worker killed; an ordinary one
+        completes it (acquitted), or during the faults may fail it with an outage of its server's own, which
+        proves nothing. Three convictions dead-letter the prompt as poison. Returns the request's fate."""
+        worker, kind = self.worker_of(job), self.poison_kinds.get(one.id)
+        server = worker.steadiness
+        needed_s = POISON_POLICY.control_before_trial_s(evidence, TRIAL_SETTINGS.timing_floor_s)
+        until = self.clock.now_s + CONTROL_WAIT_FACTOR * needed_s
+        while True:
+            while (wait_s := control_wait_s(server, self.clock.now_s, needed_s, until)) > 0:
+                if not job.still_held() or job.label in self.hung_servers:
+                    return UNANSWERED  # not tried: its batch given up, or its worker suspended
+                self.sleep(wait_s)
+            if not self._alone_done(job):
+                return UNANSWERED
+            if control_wait_s(server, self.clock.now_s, needed_s, until) == 0:
+                break  # (a failure while another suspect had the server: wait for the control again)
+        worker.alone = True  # the whole server: nothing else of the worker is sent until its trial ends
+        try:
+            return self._tried_alone(job, one, kind, needed_s)
+        finally:
+            worker.alone = False
+
+    def _alone_done(self, job: ModelledJob) -> bool:
+        """Wait until no suspect holds the worker's server alone (`GenerationEngine._slot`); False when the
+        job is given up meanwhile (its worker suspended, or its lease lost)."""
+        while self.worker_of(job).alone:
+            if not job.still_held() or job.label in self.hung_servers:
+                return False
+            self.sleep(CALM_WAIT_S)
+        return True
+
+    def _tried_alone(self, job: ModelledJob, one: Prompt, kind: PoisonKind | None, needed_s: float) -> str:
+        worker = self.worker_of(job)
+        server = worker.steadiness
+        started = self.clock.now_s
         self.trials += 1
-        # an ordinary prompt fails alone only with an outage of its server's own: never on a server steady
-        # before and back after (that, the rule says, is the prompt: the chance it is not is the residual)
-        steady, came_back = (True, True) if wedges else self.rng.choice(UNLUCKY_TRIALS)
-        up_s = TRIAL_STEADY_S if steady else TRIAL_UNSTEADY_S
+        if self.calm:
+            self.tried_when_calm.add(one.id)
         begun = TrialBegun(
             trial=f"trial-{self.trials}",
-            life=f"modelled#{self.rng.randrange(4)}",
-            started_at=0.0,
-            canary_before_s=1.0,
-            control_s=up_s,
-            mean_up_s=up_s,
+            life=worker.life(),
+            started_at=started,
+            canary_before_s=0.0,
+            control_s=server.control_s(started),
+            mean_up_s=server.mean_up_s(started, control_window_s(needed_s)),
         )
         job.handover.strike(one.id, begun)
-        if not wedges and self.rng.random() < ACQUITTED_SHARE:
+        server.trial_began(started)
+        if kind is PoisonKind.KILLS:
+            self._die(job)
+        if kind is None and (self.calm or self.rng.random() < ACQUITTED_SHARE):
+            self._wait_until(started + (COMPLETED_ALONE_S if self.calm else 0.0))
             job.handover.strike(one.id, begun.end(TrialEnd.COMPLETED))
+            server.trial_completed()
             return ANSWERED
-        ended = begun.end(
-            TrialEnd.WEDGED if wedges else TrialEnd.WENT_DOWN,
-            failed_after_s=TRIAL_FAILED_AFTER_S,
-            canary_after_s=1.0 if came_back else None,
-        )
+        ended = self._failed_trial(job, begun, kind)
         evidence = job.handover.strike(one.id, ended)
         if POISON_POLICY.judge(evidence) is not Verdict.DEAD:
             return UNANSWERED
         return self._dead_letter_poison(job, one, evidence)
+
+    def _failed_trial(self, job: ModelledJob, begun: TrialBegun, kind: PoisonKind | None) -> TrialEnded:
+        """How a suspect's trial fails, timed as the engine times it (`trials.failed_after_s`)."""
+        server, started = self.worker_of(job).steadiness, begun.started_at
+        if kind is None:  # an outage of the server's own; it answers no canary within the comeback limit
+            server.trial_failed(started, server_down=True)
+            server.back(started)
+            return begun.end(TrialEnd.WENT_DOWN, failed_after_s=0.0, canary_after_s=None)
+        if kind is PoisonKind.WEDGES:  # seen by the liveness watch after its stall window, then restarted
+            self._wait_until(started + TRIAL_SETTINGS.silence_limit_s)
+            failed_at = self.clock.now_s
+            server.trial_failed(failed_at, server_down=True)
+            self._wait_until(failed_at + RESTART_S)
+            server.served(self.clock.now_s)
+            if not job.still_held():
+                return begun.end(TrialEnd.GIVEN_UP, note="batch lease lost")
+            return begun.end(
+                TrialEnd.WEDGED, failed_after_s=WEDGE_TIMED_S, canary_after_s=self.clock.now_s - failed_at
+            )
+        self._wait_until(
+            started + REQUEST_TIMEOUT_S
+        )  # HANGS: out of the client's timeout, the server answers
+        error = InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
+        ending = trial_end(error, server_answers=True)
+        took_s = failed_after_s(
+            error, ending, started=started, last_sign=started + FIRST_CHUNK_S, failed_at=self.clock.now_s
+        )
+        server.trial_failed(self.clock.now_s, server_down=False)
+        if not job.still_held():
+            return begun.end(TrialEnd.GIVEN_UP, note="batch lease lost")
+        return begun.end(ending, failed_after_s=took_s, canary_after_s=0.0)
 
     def _dead_letter_poison(self, job: ModelledJob, one: Prompt, evidence: list[Evidence]) -> str:
         """Dead-letters a prompt its record proves poison, with that record described; returns POISON."""
@@ -996,13 +1147,19 @@ class Fleet:
 
     def hang_server(self, label: str) -> bool:
         """The GPU's server hangs: its worker's liveness watch suspends the engine and stops consuming
-        (workers/generate/liveness.py) until the server generates again."""
+        (workers/generate/liveness.py) until the server generates again: a failure of its server."""
         self.hung_servers.add(label)
+        for worker in self.workers:
+            if worker.process.name == label:
+                worker.steadiness.failed(self.clock.now_s, server_down=True)
         return True
 
     def server_back(self, label: str) -> bool:
         """The server generates again (restarted by the watch): the engine resumes, the worker consumes."""
         self.hung_servers.discard(label)
+        for worker in self.workers:
+            if worker.process.name == label:
+                worker.steadiness.back(self.clock.now_s)
         return True
 
     def unsubscribe(self) -> bool:
@@ -1058,9 +1215,18 @@ class Fleet:
         clock, sleep, server = self.clock, self.sleep, self.view_server
         return Seat(client, label, on_lost=on_lost, clock=clock, sleep=sleep, server=server)
 
-    def sleep(self, _seconds: float) -> None:
-        """A step's pause: it parks until the explorer wakes it, as rarely as time passes."""
+    def sleep(self, seconds: float) -> None:
+        """A step's pause: it parks until the explorer wakes it, as rarely as time passes (once faults are
+        over, once the time it sleeps for has passed)."""
+        step = current_step()
+        if step is not None:
+            self.wake_at[id(step)] = self.clock.now_s + seconds
         self.scheduler.gate(SLEEP)
+
+    def next_wake_s(self, parked: list[Step]) -> float | None:
+        """When the first of the sleeping steps among `parked` wakes (None: none sleeps)."""
+        wakes = [self.wake_at.get(id(step), self.clock.now_s) for step in parked if step.parked_at == SLEEP]
+        return min(wakes, default=None)
 
     def view_server(self, client: Any) -> ServerView:
         """The Redis server as a seat sees it: its clock (Redis's own, aged with the rest), and the identity
@@ -1121,6 +1287,22 @@ class Fleet:
         if (picked := self._a_waiting_message()) is None:
             return False
         self.admin.lpush(*picked)
+        return True
+
+    def delay_a_message_for_years(self) -> bool:
+        """A node's password rewrites a waiting message to run years from now (Celery would hold it, and its
+        batch's message with it, until then)."""
+        picked = self._a_waiting_message()
+        if picked is None or why_malformed(picked[1], GENERATE_QUEUE, now_s=self.clock.now_s) is not None:
+            return False
+        name, raw = picked
+        message = json.loads(raw)
+        far = datetime.fromtimestamp(self.clock.now_s + FAR_FUTURE_S, UTC).isoformat()
+        message["headers"]["eta"] = far
+        with self.admin.pipeline(transaction=True) as pipe:
+            pipe.lrem(name, 1, raw)
+            pipe.lpush(name, json.dumps(message))
+            pipe.execute()
         return True
 
     def lose_a_message(self) -> bool:

@@ -14,12 +14,15 @@ After every step:
 - no live worker renews a lease that no execution of it holds any more (a batch that ended in any way,
   the function library missing included, gave its lease back);
 - no message of draftgen's own is parked as malformed;
-- no prompt but the one that wedges its server is dead-lettered as poison.
+- no prompt but those planted as poison (wedging its server, hanging, killing its worker) is
+  dead-lettered as poison.
 At the end, once faults have stopped and the fleet has worked on: no malformed message is left queued
-(each was parked, or lost with the rest); the output alone (no Redis) holds every input prompt exactly
-once, committed or dead-lettered, and no id the input lacks (a forged staged record's), the prompt that
-wedges its server dead-lettered as poison; every committed conversation holds all its turns in order, no
-turns are kept any more, and `status` says `finished`.
+(each was parked, or lost with the rest), and no worker holds a message for later than draftgen's longest
+countdown; the output alone (no Redis) holds every input prompt exactly once, committed or dead-lettered,
+and no id the input lacks (a forged staged record's), each planted poison prompt dead-lettered as poison;
+every committed conversation holds all its turns in order, no turns are kept any more, and `status` says
+`finished`. That the run got there within the bound on its time is the explorer's to check
+(tests/explorer/liveness.py).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from workers.recovery.leases import decode_holder
 from workers.state.codec import decode_blob
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
-from workers.state.queues import GENERATE_QUEUE
+from workers.state.queues import CLOCK_SKEW_S, GENERATE_QUEUE, LONGEST_COUNTDOWN_S
 from workers.state.record_limits import RECORD_LIMIT_BYTES
 
 # The stored batches (open, and finished ones' kept bodies), the lease holders, and the prompts a kept
@@ -119,11 +122,11 @@ class Invariants:
         return found
 
     def _poison(self) -> list[str]:
-        """Only the prompt that wedges its server is dead-lettered as poison (Redis's dead letters)."""
+        """Only the prompts planted as poison are dead-lettered as poison (Redis's dead letters)."""
         found = []
         for raw in self._fleet.admin.hvals(self._keys.dead):
             letter = msgspec.json.decode(raw, type=DeadLetter)
-            ordinary = letter.prompt_id != self._fleet.wedging_prompt
+            ordinary = letter.prompt_id not in self._fleet.poison_kinds
             if letter.reason == DeadLetterReason.POISON_PROMPT and ordinary:
                 found.append(f"ordinary {letter.prompt_id} was dead-lettered as poison: {letter.error}")
         return found
@@ -218,17 +221,23 @@ class Invariants:
         lacking = sorted(wanted - set(held))
         if lacking:
             found.append(f"the output lacks input prompts {lacking}")
-        wedging = self._fleet.wedging_prompt
-        if wedging is not None and wedging not in record.dead:
-            found.append(f"{wedging}, which wedges its server every time, was not dead-lettered")
-        elif wedging is not None and record.dead[wedging].reason != DeadLetterReason.POISON_PROMPT:
-            found.append(f"{wedging} was dead-lettered as {record.dead[wedging].reason}, not as poison")
+        for poison, kind in self._fleet.poison_kinds.items():
+            if poison not in record.dead:
+                found.append(f"{poison}, which {kind.value} every time, was not dead-lettered")
+            elif record.dead[poison].reason != DeadLetterReason.POISON_PROMPT:
+                found.append(f"{poison} was dead-lettered as {record.dead[poison].reason}, not as poison")
         foreign = sorted(set(held) - wanted)
         if foreign:
             found.append(f"the output holds ids the input lacks: {foreign}")
         found += self._conversations()
         if left := self._malformed_queued():
             found.append(f"{left} malformed messages were never taken off the queue")
+        found += [
+            f"{worker.process.name} holds a message of {held.batch_id} for {held.eta_s - now:,.0f} s from now"
+            for worker in self._fleet.workers
+            for held in worker.held
+            if held.eta_s - (now := self._fleet.clock.now_s) > LONGEST_COUNTDOWN_S + CLOCK_SKEW_S
+        ]
         if self._fleet.admin.hlen(self._keys.turns):
             found.append(f"turns are still kept of {self._fleet.admin.hkeys(self._keys.turns)}")
         if gather_status(self._fleet.admin, RUN).state != STATE_FINISHED:
@@ -237,7 +246,7 @@ class Invariants:
 
     def _malformed_queued(self) -> int:
         queued = waiting_envelopes(self._fleet.admin, GENERATE_QUEUE)
-        return sum(1 for raw in queued if why_malformed(raw, GENERATE_QUEUE))
+        return sum(1 for raw in queued if why_malformed(raw, GENERATE_QUEUE, now_s=self._fleet.clock.now_s))
 
     def _conversations(self) -> list[str]:
         """Every committed conversation holds its turns in order, each answered once."""
