@@ -116,6 +116,7 @@ class Explorer:
         self.fleet = Fleet(redis_url, output, self.rng, self.scheduler, shape)
         self.checks = Invariants(self.fleet)
         self.result = ScheduleResult(seed)
+        self._input_held = False  # once calm: Redis holds every prompt of the input
 
     # ------------------------------------------------------------------ the two phases
 
@@ -221,9 +222,11 @@ class Explorer:
                 )
         if any(w.process.dead for w in fleet.workers) or fleet.uploader.process.dead:
             options.append((START, "systemd restarts the dead", self._restart_the_dead))
+        queued = self._queued()
         for worker in fleet.workers:
             if not worker.process.dead and worker.seated:
-                options += [o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] in CALM_PROGRESS]
+                calm = self._worker_options(worker, queued)
+                options += [o for o in calm if o[1].split(" ", 1)[1] in CALM_PROGRESS]
         uploader = fleet.uploader
         if (
             not uploader.process.dead
@@ -300,9 +303,10 @@ class Explorer:
             (TIME if s.parked_at == SLEEP else GRANT, f"grant {s.process.name}/{s.what}", partial(grant, s))
             for s in self.scheduler.parked()
         ]
+        queued = self._queued()
         for worker in fleet.workers:
             if not worker.process.dead and worker.seated:
-                options += self._worker_options(worker)
+                options += self._worker_options(worker, queued)
         uploader = fleet.uploader
         if (
             not uploader.process.dead
@@ -321,19 +325,16 @@ class Explorer:
             options += self._fault_options()
         return options
 
-    def _worker_options(self, worker: Worker) -> list[Option]:
+    def _worker_options(self, worker: Worker, queued: int | None = None) -> list[Option]:
         name = worker.process.name
+        queued = self._queued() if queued is None else queued
         options: list[Option] = []
 
         def step(weight: float, label: str, what: str, body: Callable[[], None]) -> None:
             options.append((weight, f"{name} {label}", partial(self._start, worker, what, body)))
 
         consuming = name not in self.fleet.hung_servers  # a suspended worker's consumer is cancelled
-        if (
-            consuming
-            and self._queued()
-            and self._running(worker.process, "deliver") < STEPS_A_WORKER_RUNS_AT_ONCE
-        ):
+        if consuming and queued and self._running(worker.process, "deliver") < STEPS_A_WORKER_RUNS_AT_ONCE:
             step(START, "takes a message", "deliver", worker.deliver)
         if any(d.eta_s <= self.fleet.clock.now_s for d in worker.held) and not self._running(
             worker.process, "due"
@@ -387,6 +388,8 @@ class Explorer:
             else:
                 hang = partial(self._fault, "servers hung", partial(fleet.hang_server, label))
                 options.append((FAULT / 4, f"{label}'s server hangs: its worker is suspended", hang))
+                spell = partial(self._fault, "flaky spells", partial(fleet.flaky_spell, label))
+                options.append((FAULT / 6, f"{label}'s server fails again and again for a while", spell))
         if fleet.library_loaded():
             lose = partial(self._fault, "library lost", fleet.lose_the_library)
             options.append((FAULT / 3, "the function library is lost", lose))
@@ -438,11 +441,14 @@ class Explorer:
         return opened_not_released or bool(self._running(enqueue.process, "enqueue"))
 
     def _enqueue_again_if_redis_lost_prompts(self) -> None:
+        """Once faults are over and no enqueue is at work: if Redis lacks prompts of the input, re-run it.
+        Looked at once after each enqueue (no fault can make Redis lose them again)."""
         fleet = self.fleet
-        if any(self._at_work(e) for e in fleet.enqueues):
+        if self._input_held or any(self._at_work(e) for e in fleet.enqueues):
             return
         held = RunLedger(fleet.admin, RUN).enqueued_ids()
         if {p.id for p in fleet.prompts} <= held and read_enqueued_ids(fleet.store) <= held:
+            self._input_held = True
             return
         self.result.log.append("enqueue again: Redis lacks prompts of the input")
         self._new_enqueue()

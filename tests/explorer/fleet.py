@@ -67,12 +67,14 @@ from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batch_life import BatchLife
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
+from workers.generate.liveness import Liveness, Outage
 from workers.generate.trials import (
     Steadiness,
     TrialSettings,
     control_wait_s,
     control_window_s,
     failed_after_s,
+    retimed,
     trial_end,
 )
 from workers.record.manifest import MANIFEST_PREFIX
@@ -115,10 +117,11 @@ RUN = "explored"
 ANSWERED, REFUSED, UNANSWERED, POISON = "answered", "refused", "unanswered", "dead-lettered as poison"
 POISON_POLICY = PoisonPolicy()  # the defaults, as workers run them
 TRIAL_SETTINGS = TrialSettings()  # the defaults: the liveness watch's 300 s stall window and 5 s polls
-# The modelled server's timings, in seconds of the schedule's clock. A wedge is seen by the liveness watch
-# after its stall window, timed to its last poll that saw progress; a hanging request (its server answers
-# others) runs out of a client timeout shorter than the stall window, as an operator may set it, its
-# first chunk come at once; a server restarted by its watch answers again a while later.
+# The modelled server's timings, in seconds of the schedule's clock. Its workers' client timeout is shorter
+# than the liveness stall window, as an operator may set it: a hanging request (its server answers others)
+# runs out of it, its first chunk come at once; a wedged server's request too, and the liveness watch
+# calls the server hung after its stall window, timed to its last poll that saw progress, and restarts it,
+# answering again a while later.
 WEDGE_TIMED_S = 2.0
 REQUEST_TIMEOUT_S = 60.0
 FIRST_CHUNK_S = 0.2
@@ -126,6 +129,7 @@ RESTART_S = 30.0
 COMPLETED_ALONE_S = 15.0  # an ordinary suspect's request alone
 FAR_FUTURE_S = 10 * 365 * 86_400.0  # a forged eta: ten years on
 CALM_WAIT_S = 10.0  # a request waiting for a suspect's trial to end looks again this much later
+FLAKY_SPELL_FAILURES = 20
 # (the server failed, it came back) of an ordinary suspect's trial failed during the faults: an outage
 # of its server's own, then back or never back (a rule missing that half would convict)
 UNLUCKY_TRIALS = ((True, False), (True, True))
@@ -1003,20 +1007,26 @@ class Fleet:
             server.trial_failed(started, server_down=True)
             server.back(started)
             return begun.end(TrialEnd.WENT_DOWN, failed_after_s=0.0, canary_after_s=None)
-        if kind is PoisonKind.WEDGES:  # seen by the liveness watch after its stall window, then restarted
+        if kind is PoisonKind.WEDGES:  # out of the client's timeout, no canary answered; then the watch
+            self._wait_until(started + REQUEST_TIMEOUT_S)  # calls the server hung, and restarts it
+            error = InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
+            ending = trial_end(error, server_answers=False)
+            timed_out_at = self.clock.now_s
+            took_s = failed_after_s(
+                error, ending, started=started, last_sign=started + FIRST_CHUNK_S, failed_at=timed_out_at
+            )
+            server.trial_failed(timed_out_at, server_down=True)
             self._wait_until(started + TRIAL_SETTINGS.silence_limit_s)
-            failed_at = self.clock.now_s
-            server.trial_failed(failed_at, server_down=True)
-            self._wait_until(failed_at + RESTART_S)
+            hung = Outage(Liveness.HUNG.value, stalled_since=started + WEDGE_TIMED_S)
+            ending, took_s = retimed(ending, took_s, hung, started=started)
+            self._wait_until(self.clock.now_s + RESTART_S)
             server.served(self.clock.now_s)
             if not job.still_held():
                 return begun.end(TrialEnd.GIVEN_UP, note="batch lease lost")
-            return begun.end(
-                TrialEnd.WEDGED, failed_after_s=WEDGE_TIMED_S, canary_after_s=self.clock.now_s - failed_at
-            )
-        self._wait_until(
-            started + REQUEST_TIMEOUT_S
-        )  # HANGS: out of the client's timeout, the server answers
+            canary_after_s = self.clock.now_s - timed_out_at
+            return begun.end(ending, failed_after_s=took_s, canary_after_s=canary_after_s)
+        # HANGS: out of the client's timeout, the server answering others
+        self._wait_until(started + REQUEST_TIMEOUT_S)
         error = InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
         ending = trial_end(error, server_answers=True)
         took_s = failed_after_s(
@@ -1153,6 +1163,17 @@ class Fleet:
             if worker.process.name == label:
                 worker.steadiness.failed(self.clock.now_s, server_down=True)
         return True
+
+    def flaky_spell(self, label: str) -> bool:
+        """The GPU's server crashes and comes back again and again for a while (a bad driver, a flaky
+        node): its worker sees each crash, FLAKY_SPELL_FAILURES failures of its server in a moment."""
+        for worker in self.workers:
+            if worker.process.name == label and not worker.process.dead:
+                for _ in range(FLAKY_SPELL_FAILURES):
+                    worker.steadiness.failed(self.clock.now_s, server_down=True)
+                    worker.steadiness.back(self.clock.now_s)
+                return True
+        return False
 
     def server_back(self, label: str) -> bool:
         """The server generates again (restarted by the watch): the engine resumes, the worker consumes."""

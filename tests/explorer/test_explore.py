@@ -23,6 +23,7 @@ import redis
 from producer.enqueue import enqueuer as enqueue
 from tests.explorer.explorer import explore
 from tests.explorer.fleet import InlineExecutor, NoRenewer
+from workers.record import uploader
 from workers.recovery import seat
 
 pytestmark = pytest.mark.integration
@@ -80,6 +81,7 @@ def test_no_explored_schedule_loses_duplicates_or_strands_a_prompt(
     monkeypatch.setattr(enqueue, "ThreadPoolExecutor", InlineExecutor)
     monkeypatch.setattr(enqueue, "PeriodicThread", NoRenewer)
     monkeypatch.setattr(seat, "PeriodicThread", NoRenewer)  # a seat's keeper turns when the schedule says
+    monkeypatch.setattr(uploader, "PeriodicThread", NoRenewer)  # a flush's lock runs out as time passes
     monkeypatch.setattr(seat, "RECONNECT_BACKOFF_CAP_S", 0.0)  # its reconnects wait on no real clock
     print("exploring " + ", ".join(f"{len(seeds)} schedules from seed {seeds.start}" for seeds in RANGES))
     admin = redis.Redis.from_url(redis_url)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 import pytest
@@ -29,6 +31,8 @@ from workers.state.runs import encode_run_settings, load_run_settings
 pytestmark = pytest.mark.integration
 RUN = "upload-test"
 FIRST_ENQUEUE = "1"  # the holder of an id the run's first enqueue claimed (RunKeys.ids)
+SHORT_LOCK_S = 1.0
+SLOW_PUT_LOCK_TERMS = 2.5  # a part's write: two and a half lock terms
 
 
 def start_run(client: redis.Redis, output: str, prompt_ids: list[str]) -> RunLedger:
@@ -212,3 +216,38 @@ def test_recover_on_a_live_redis_takes_committed_prompts_out_of_the_upload_path(
     assert [e.count for e in read_manifest(store)] == [2, 1]
     result = verify_run(store, RUN, redis_client)
     assert result.ok, result
+
+
+class SlowStore:
+    """A folder whose every data object takes longer to write than the upload lock's term."""
+
+    def __init__(self, inner: ObjectStore, put_s: float) -> None:
+        self._inner = inner
+        self._put_s = put_s
+        self.url = inner.url
+
+    def put(self, key: str, data: bytes) -> None:
+        if key.startswith(DATA_PREFIX):
+            time.sleep(self._put_s)
+        self._inner.put(key, data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_a_part_whose_write_outlasts_the_upload_lock_is_still_committed(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    # Given a store so slow that writing one part takes longer than the upload lock's term
+    folder = open_store((tmp_path / "out").as_uri())
+    ledger = start_run(redis_client, folder.url, ["a", "b"])
+    ledger.stage(completion("a"))
+    ledger.stage(completion("b"))
+    slow = cast(ObjectStore, SlowStore(folder, put_s=SLOW_PUT_LOCK_TERMS * SHORT_LOCK_S))
+    # When a flush writes it
+    flushing = uploader(redis_client, slow, max_completions=1000, max_age_s=3600, lock_s=SHORT_LOCK_S)
+    report = flushing.flush(RUN)
+    # Then the lock was kept meanwhile, and the part committed (a lock extended only between parts ran out
+    # in every write, and the run never committed anything)
+    assert (report.parts, report.completions) == (1, 2)
+    assert verify_run(folder, RUN, redis_client).ok

@@ -57,6 +57,7 @@ class Stack:
     uploads_started: int = 0
     malformed_sent: bool = False  # a test that pushes malformed messages expects some parked
     fast: bool = True  # FAST_WORKER_ENV; False: the workers run with the README's defaults
+    gpu_env: dict[int, dict[str, str]] = field(default_factory=dict)  # one GPU's worker's own variables
 
     def env(self, **extra: str) -> dict[str, str]:
         fast = FAST_WORKER_ENV if self.fast else {}
@@ -64,7 +65,7 @@ class Stack:
 
     def start_generator(self, gpu: int) -> ManagedProcess:
         sim = self.sims[gpu]
-        env = self.env(DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu))
+        env = self.env(DRAFTGEN_SERVER_URL=sim.url, DRAFTGEN_GPU=str(gpu), **self.gpu_env.get(gpu, {}))
         worker = start_celery_worker(f"gen{gpu}-{len(self.generators)}", "generate", env, self.log_dir)
         self.generators.append(worker)
         return worker

@@ -11,13 +11,14 @@ import msgspec
 import pytest
 
 from inference.errors import FailureCause, InferenceUnavailable
-from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S
+from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, Liveness, Outage
 from workers.generate.trials import (
     RECORD_MAX_ENTRIES,
     Steadiness,
     TrialSettings,
     control_window_s,
     failed_after_s,
+    retimed,
     trial_end,
 )
 from workers.state.poison import (
@@ -333,3 +334,19 @@ def test_a_request_out_of_its_timeout_while_the_server_answers_is_a_silence_time
     assert failed_after_s(timed_out, TrialEnd.WENT_DOWN, started=100.0, last_sign=100.2, failed_at=160.2) == (
         pytest.approx(60.2)
     )
+
+
+def test_a_trial_out_of_its_timeout_on_a_server_the_watch_then_calls_hung_is_a_wedge_timed_by_the_watch() -> (
+    None
+):
+    """With a client timeout shorter than the stall window, a wedge's request times out first and the
+    server answers no canary: it went down, timed to the timeout. Once the liveness watch calls the server
+    hung, the trial is the wedge it was, timed to when the server last made progress."""
+    started, stalled_since = 100.0, 100.4
+    hung = Outage(Liveness.HUNG.value, stalled_since=stalled_since)
+    ending, took_s = retimed(TrialEnd.WENT_DOWN, 60.0, hung, started=started)
+    assert ending is TrialEnd.WEDGED and took_s == pytest.approx(0.4)
+    down = Outage(Liveness.DOWN.value, stalled_since=stalled_since)
+    assert retimed(TrialEnd.WENT_DOWN, 60.0, down, started=started) == (TrialEnd.WENT_DOWN, 60.0)
+    assert retimed(TrialEnd.WENT_DOWN, 60.0, None, started=started) == (TrialEnd.WENT_DOWN, 60.0)
+    assert retimed(TrialEnd.SILENT, 0.2, hung, started=started) == (TrialEnd.SILENT, 0.2)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import pytest
 
@@ -20,7 +21,7 @@ from tests.support.records import prompt
 from tests.unit.test_generation import FakeServer
 from tests.unit.test_poison import trial
 from workers.generate import trials
-from workers.generate.generation import REASON_POISON, GenerationEngine, RetryPolicy
+from workers.generate.generation import REASON_POISON, BatchOutcome, GenerationEngine, RetryPolicy
 from workers.generate.liveness import Liveness, Outage
 from workers.generate.silence import PROBE_RID_PREFIX
 from workers.generate.trials import TrialSettings, control_window_s
@@ -41,6 +42,7 @@ RESTART_EVERY_S = 0.2
 EARLIER_RESTARTS = 40
 SLOW_MACHINE_S = 3.0  # a busy machine's delay on top of the bound, in all
 CANARY_EVERY_S = 0.2
+HUNG_FOR_S = 0.5  # the server made no progress since shortly after the suspect was sent
 WINDOW = 4
 WAIT_S = 10.0
 QUICK = PoisonPolicy(control_factor=0.0)  # no control to wait for: any server shows it at once
@@ -61,12 +63,14 @@ class TrialServer(FakeServer):
         crashes: frozenset[str] = frozenset(),
         crash_canaries: int | None = 1,
         wedges: frozenset[str] = frozenset(),
+        timeouts: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.drops = drops
         self.crashes = crashes
         self.crash_canaries = crash_canaries
         self.wedges = wedges
+        self.timeouts = timeouts  # they time out at the client, the server wedged (no canary until back)
         self.down = False
         self.refuse_canaries: int | None = 0  # None: every one while down
         self.running_beside: dict[str, list[int]] = {}
@@ -96,6 +100,10 @@ class TrialServer(FakeServer):
             if prompt_id in self.crashes:
                 self.down, self.refuse_canaries = True, self.crash_canaries
             raise InferenceUnavailable("the connection was reset", cause=FailureCause.DROPPED)
+        if prompt_id in self.timeouts:
+            self.started.append(prompt_id)
+            self.down, self.refuse_canaries = True, None
+            raise InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
         if prompt_id in self.wedges:
             self.started.append(prompt_id)
             await asyncio.get_running_loop().create_future()  # never answered: liveness gives it up
@@ -228,28 +236,41 @@ def test_outages_while_a_suspect_runs_alone_convict_nothing_on_a_server_that_fai
     assert policy.outcome(ended(recorder, "p")[-1]) is Outcome.ACQUITTED and recorder.dead == []
 
 
-def test_a_suspect_that_wedges_the_server_alone_three_times_is_dead_lettered_each_trial_a_server_life(
-    engines: list[GenerationEngine],
-) -> None:
-    # Given a suspect that wedges the server whenever it runs
-    server = TrialServer(wedges=frozenset({"w"}))
+def wedged_three_times(
+    engines: list[GenerationEngine], server: TrialServer, *, hung: Callable[[int], bool], stalled_ago_s: float
+) -> tuple[BatchOutcome, list[TrialEnded]]:
+    """Suspect `w`'s delivery, the test playing the liveness watch at each of its trials: once `hung(tried)`
+    holds, it finds the server hung (no progress for `stalled_ago_s`), restarts it and resumes the engine.
+    The delivery's outcome, and the trials recorded."""
     engine = engine_over(server)
     engines.append(engine)
     recorder = Recorder()
     suspected(recorder, "w")
     job = engine.submit_batch("r", [prompt("w")], SamplingSettings(), recorder)
     for tried in range(1, ATTEMPTS + 1):
-        # When the liveness watch finds the server hung with it alone, restarts the server and resumes
-        def started_alone(tried: int = tried) -> bool:
-            return server.started.count("w") == tried
+        wait_until(partial(hung, tried), timeout_s=WAIT_S, what=f"trial {tried} alone")
+        engine.suspend(
+            "server hung", Outage(Liveness.HUNG.value, stalled_since=time.monotonic() - stalled_ago_s)
+        )
+        server.down = False  # the server restarted and generates again
+        engine.resume()
+    return job.outcome(), ended(recorder, "w")
 
-        wait_until(started_alone, timeout_s=WAIT_S, what="it alone")
-        engine.suspend("server hung", Outage(Liveness.HUNG.value, stalled_since=time.monotonic()))
-        engine.resume()  # the server restarted and generates again
+
+def test_a_suspect_that_wedges_the_server_alone_three_times_is_dead_lettered_each_trial_a_server_life(
+    engines: list[GenerationEngine],
+) -> None:
+    # Given a suspect that wedges the server whenever it runs
+    server = TrialServer(wedges=frozenset({"w"}))
+
+    # When the liveness watch finds the server hung with it alone, restarts the server and resumes
+    def alone(tried: int) -> bool:
+        return server.started.count("w") == tried
+
+    outcome, convictions = wedged_three_times(engines, server, hung=alone, stalled_ago_s=0.0)
     # Then each trial convicts: the server stopped making progress with it alone, and answered a canary
     # after; and three convictions dead-letter it, in one delivery
-    assert job.outcome().dead_lettered == 1
-    convictions = ended(recorder, "w")
+    assert outcome.dead_lettered == 1
     assert [(t.ended, QUICK.outcome(t)) for t in convictions] == [(TrialEnd.WEDGED, Outcome.CONVICTED)] * 3
     assert all(t.canary_after_s is not None for t in convictions)
     assert all(t.failed_after_s < 1.0 for t in convictions)  # when progress stopped, not when it was seen
@@ -407,3 +428,20 @@ def test_a_suspect_waiting_for_its_control_on_an_idle_server_asks_it_canaries_me
     (acquittal,) = ended(recorder, "p")
     assert acquittal.control_s >= needed_s
     assert server.canaries >= needed_s / CANARY_EVERY_S / 2  # half of them, on a busy machine
+
+
+def test_a_wedge_whose_request_times_out_first_is_convicted_as_a_wedge_timed_by_the_liveness_watch(
+    engines: list[GenerationEngine],
+) -> None:
+    # Given a suspect that wedges the server, and a client timeout shorter than the liveness stall window:
+    # its request times out first, and the server answers no canary until the watch restarts it
+    server = TrialServer(timeouts=frozenset({"w"}))
+
+    # When the request times out alone, and the watch then finds the server hung, restarts it, resumes
+    def timed_out(tried: int) -> bool:
+        return server.started.count("w") == tried and server.down
+
+    outcome, convictions = wedged_three_times(engines, server, hung=timed_out, stalled_ago_s=HUNG_FOR_S)
+    # Then each trial is a wedge, timed when progress stopped (not at the client's timeout), and convicts
+    assert outcome.dead_lettered == 1
+    assert [(t.ended, QUICK.outcome(t)) for t in convictions] == [(TrialEnd.WEDGED, Outcome.CONVICTED)] * 3

@@ -269,6 +269,7 @@ class GenerationEngine:
                 suspended=lambda: self._suspended_because is not None,
                 resumed=self._resumed,
                 idle=lambda: not self._in_flight,
+                outage=lambda: self._last_outage,
             ),
             SilenceWatch(trial_settings.silence_limit_s, self._client.chat),
             self._in_thread,
@@ -280,6 +281,7 @@ class GenerationEngine:
         self._suspects_waiting = 0
         self._suspended_because: str | None = None
         self._outage: Outage | None = None
+        self._last_outage: Outage | None = None  # kept after the engine resumes: a trial's comeback reads it
         self._draining = False
 
     @staticmethod
@@ -342,6 +344,7 @@ class GenerationEngine:
         self._suspended_because = reason
         self._outage = outage
         if outage is not None:
+            self._last_outage = outage
             self._resumed.clear()
             self._steadiness.failed(self._loop.time(), server_down=True)
         for task in list(self._in_flight):

@@ -269,6 +269,19 @@ def failed_after_s(
     return max(0.0, failed_at - started)
 
 
+def retimed(
+    ending: TrialEnd, took_s: float, outage: Outage | None, *, started: float
+) -> tuple[TrialEnd, float]:
+    """A trial whose request ran out of the client's timeout with the server gone silent (`went down`),
+    timed to that timeout, once the liveness watch calls the server hung: a wedge, timed as the watch
+    times it (when the server last made progress), not to a client timeout shorter than its window."""
+    if ending is not TrialEnd.WENT_DOWN or outage is None or outage.state != Liveness.HUNG.value:
+        return ending, took_s
+    if outage.stalled_since is None:
+        return ending, took_s
+    return TrialEnd.WEDGED, min(took_s, max(0.0, outage.stalled_since - started))
+
+
 class Court:
     """The timing side of trials, on the engine's event loop."""
 
@@ -281,6 +294,7 @@ class Court:
         suspended: Callable[[], bool],
         resumed: asyncio.Event,
         idle: Callable[[], bool] = lambda: False,
+        outage: Callable[[], Outage | None] = lambda: None,  # the last outage the liveness watch declared
     ) -> None:
         self.settings = settings
         self.steadiness = steadiness
@@ -288,7 +302,11 @@ class Court:
         self._suspended = suspended
         self._resumed = resumed
         self._idle = idle
+        self._outage = outage
         self._last_canary = -math.inf
+        self.outage_seen: Outage | None = (
+            None  # an outage the liveness watch declared during the last comeback
+        )
 
     @staticmethod
     def now() -> float:
@@ -353,16 +371,23 @@ class Court:
         """Wait until the server answers a canary again (after the liveness watch resumed the engine, if
         it suspended it); the ruling and how long after `failed_at` it answered."""
         deadline = failed_at + self.settings.comeback_limit_s
-        while True:
-            if gave_up() is not None:
-                return Ruling.GIVEN_UP, math.nan
-            remaining_s = deadline - self.now()
-            if remaining_s <= 0:
-                return Ruling.NEVER_BACK, math.nan
-            if self._suspended():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._resumed.wait(), min(remaining_s, COMEBACK_CANARY_INTERVAL_S))
-                continue
-            if await self.canary(sampling, why):
-                return Ruling.BACK, self.now() - failed_at
-            await asyncio.sleep(min(remaining_s, COMEBACK_CANARY_INTERVAL_S))
+        before = self._outage()
+        try:
+            while True:
+                if gave_up() is not None:
+                    return Ruling.GIVEN_UP, math.nan
+                remaining_s = deadline - self.now()
+                if remaining_s <= 0:
+                    return Ruling.NEVER_BACK, math.nan
+                if self._suspended():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self._resumed.wait(), min(remaining_s, COMEBACK_CANARY_INTERVAL_S)
+                        )
+                    continue
+                if await self.canary(sampling, why):
+                    return Ruling.BACK, self.now() - failed_at
+                await asyncio.sleep(min(remaining_s, COMEBACK_CANARY_INTERVAL_S))
+        finally:
+            after = self._outage()
+            self.outage_seen = after if after is not before else None

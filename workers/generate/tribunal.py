@@ -20,7 +20,15 @@ from core.records import SamplingSettings
 from inference.chat_stream import ChatResult
 from inference.errors import FailureCause, InferenceRejected, InferenceUnavailable
 from workers.generate.silence import SilenceWatch
-from workers.generate.trials import AbandonedInFlight, Court, ProvenPoison, Ruling, failed_after_s, trial_end
+from workers.generate.trials import (
+    AbandonedInFlight,
+    Court,
+    ProvenPoison,
+    Ruling,
+    failed_after_s,
+    retimed,
+    trial_end,
+)
 from workers.state.heartbeats import TrialPlan
 from workers.state.poison import (
     Evidence,
@@ -230,6 +238,7 @@ class Tribunal:
             ruling, back_s = await court.comeback(
                 case.sampling, failed_at, given_up, f"after prompt {prompt_id} failed alone"
             )
+            ending, took_s = retimed(ending, took_s, court.outage_seen, started=started)
             if ruling is not Ruling.BACK:
                 note = f"{note}; {ruling.value}"
         ended = begun.end(

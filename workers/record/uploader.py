@@ -28,6 +28,7 @@ import redis
 from core.records import Completion, DeadLetter
 from inference.server_facts import ServerFacts, encode_facts, facts_id
 from workers.errors import ObjectMissing, RecordUnreadable, RetryLater, RunBroken, UploadLockLost
+from workers.periodic import PeriodicThread
 from workers.record.finished_bodies import FinishedBodies
 from workers.record.jsonl_io import to_jsonl
 from workers.record.manifest import (
@@ -66,6 +67,7 @@ from workers.state.runs import load_run_settings
 log = logging.getLogger(__name__)
 
 LOCK_BUSY_RETRY_S = 5.0
+LOCK_EXTENSIONS_A_TERM = 3  # the lock is extended this often within its term while a flush runs
 MS_PER_S = 1000
 # A part's completions inflated may hold this many times its byte budget (zstd keeps JSON with token ids
 # to about a third): past it a part is not text, and the uploader's memory stays bounded whatever is staged.
@@ -126,6 +128,14 @@ class Uploader:
         lock_ms = int(self.settings.lock_s * MS_PER_S)
         if not self.client.set(ledger.keys.upload_lock, token, nx=True, px=lock_ms):
             raise RetryLater(f"another flush of run {run!r} is running", delay_s=LOCK_BUSY_RETRY_S)
+
+        def keep_the_lock() -> None:  # while a part is written: a slow store's put may outlast the lock
+            self._scripts.extend_lock(keys=[ledger.keys.upload_lock], args=[token, lock_ms])
+
+        keeper = PeriodicThread(
+            "draftgen-upload-lock", self.settings.lock_s / LOCK_EXTENSIONS_A_TERM, keep_the_lock
+        )
+        keeper.start()
         try:
             run_settings = load_run_settings(self.client, run)
             body_limit_bytes = batch_body_limit_bytes(run_settings.batch_size)
@@ -143,6 +153,7 @@ class Uploader:
                     ledger, store, token, body_limit_bytes
                 )
         finally:
+            keeper.stop()
             self._scripts.release_lock(keys=[ledger.keys.upload_lock], args=[token])
         return report
 
