@@ -50,7 +50,7 @@ from workers.state.queues import GENERATE_QUEUE
 
 FAULT_PHASE_MAX_ACTIONS = 800
 FAULTS_AFTER_FINISHING = 40  # faults go on past the run's first finish: rollbacks then undo commits
-CALM_PHASE_ACTIONS = 6_000  # a net: the run must finish within its time bound (tests/explorer/liveness.py)
+CALM_PHASE_ACTIONS = 40_000  # a net under the time bound (tests/explorer/liveness.py): a loop without time
 RECENT_SNAPSHOT_ACTIONS = 60  # the writes a rollback may lose: a power cut ~1 s, a lagging replica more
 TIME_STEPS_S = (10.0, 30.0, 60.0)  # multiples of ten, as every threshold is: ages compare the same way
 PROMPT_COUNTS = (4, 6, 8)
@@ -63,6 +63,7 @@ POISON_PLANTINGS = ((1, False), (1, True), (3, True), (None, False))
 UUID_SEED_SALT = 0x1D5
 STEPS_A_WORKER_RUNS_AT_ONCE = 2  # deliveries in flight per worker
 CALM_PROGRESS = frozenset({"takes a message", "runs a retry", "settles a tail"})  # a worker's, beside time
+CALM_PERIODIC = frozenset({"renews", "reconciles"})
 PART_STEP = "enqueue part"
 
 # The weights of the choices, relative to one another.
@@ -149,6 +150,7 @@ class Explorer:
             self.fleet.load_the_library()
         for label in list(self.fleet.hung_servers):
             self.fleet.server_back(label)
+        self.fleet.flaky_servers.clear()
         self.fleet.calm = True
 
     def _restart_the_dead(self) -> None:
@@ -238,13 +240,13 @@ class Explorer:
         return options
 
     def _periodic_options(self) -> list[Option]:
-        """Each live worker's periodic turns (renewing its leases, checking its seat, a reconcile pass), as
-        their threads run between two moments of time."""
+        """Each live worker's periodic turns (renewing its leases, a reconcile pass), as their threads run
+        between two moments of time (its seat keeper turns as time passes: `Fleet.pass_time`)."""
         options: list[Option] = []
         for worker in self.fleet.workers:
             if not worker.process.dead and worker.seated:
                 options += [
-                    o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] not in CALM_PROGRESS
+                    o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] in CALM_PERIODIC
                 ]
         return options
 
@@ -388,8 +390,11 @@ class Explorer:
             else:
                 hang = partial(self._fault, "servers hung", partial(fleet.hang_server, label))
                 options.append((FAULT / 4, f"{label}'s server hangs: its worker is suspended", hang))
-                spell = partial(self._fault, "flaky spells", partial(fleet.flaky_spell, label))
-                options.append((FAULT / 6, f"{label}'s server fails again and again for a while", spell))
+                if label not in fleet.flaky_servers:
+                    flaky = partial(self._fault, "flaky servers", partial(fleet.turn_flaky, label))
+                    options.append(
+                        (FAULT / 6, f"{label}'s server fails every few seconds from now on", flaky)
+                    )
         if fleet.library_loaded():
             lose = partial(self._fault, "library lost", fleet.lose_the_library)
             options.append((FAULT / 3, "the function library is lost", lose))

@@ -129,7 +129,7 @@ RESTART_S = 30.0
 COMPLETED_ALONE_S = 15.0  # an ordinary suspect's request alone
 FAR_FUTURE_S = 10 * 365 * 86_400.0  # a forged eta: ten years on
 CALM_WAIT_S = 10.0  # a request waiting for a suspect's trial to end looks again this much later
-FLAKY_SPELL_FAILURES = 20
+FLAKY_EVERY_S = 10.0  # a flaky server fails this often, as long as faults go on
 # (the server failed, it came back) of an ordinary suspect's trial failed during the faults: an outage
 # of its server's own, then back or never back (a rule missing that half would convict)
 UNLUCKY_TRIALS = ((True, False), (True, True))
@@ -821,6 +821,7 @@ class Fleet:
         self.gone_leases: dict[str, int] = {}  # owner token -> action at which its holder gave it up
         self.snapshots: list[Snapshot] = []
         self.hung_servers: set[str] = set()  # GPUs whose liveness watch suspended their worker's engine
+        self.flaky_servers: set[str] = set()  # GPUs whose server fails every FLAKY_EVERY_S until faults stop
         self.server_epoch = 0  # which Redis server the real one stands for: a rollback starts another
         self.server_up_since_s = self.clock.now_s - SERVER_UP_BEFORE_S
         self.forged: set[str] = set()  # staged fields a forger wrote
@@ -1164,16 +1165,24 @@ class Fleet:
                 worker.steadiness.failed(self.clock.now_s, server_down=True)
         return True
 
-    def flaky_spell(self, label: str) -> bool:
-        """The GPU's server crashes and comes back again and again for a while (a bad driver, a flaky
-        node): its worker sees each crash, FLAKY_SPELL_FAILURES failures of its server in a moment."""
+    def turn_flaky(self, label: str) -> bool:
+        """The GPU's server fails every FLAKY_EVERY_S from now on, whatever it serves (a bad driver, a flaky
+        node), until faults stop: its worker sees each failure as time passes."""
+        if label in self.flaky_servers:
+            return False
+        self.flaky_servers.add(label)
+        return True
+
+    def _flaky_failures(self, since_s: float, until_s: float) -> None:
+        """The failures of the flaky servers between two moments, as their workers see them."""
         for worker in self.workers:
-            if worker.process.name == label and not worker.process.dead:
-                for _ in range(FLAKY_SPELL_FAILURES):
-                    worker.steadiness.failed(self.clock.now_s, server_down=True)
-                    worker.steadiness.back(self.clock.now_s)
-                return True
-        return False
+            if worker.process.name not in self.flaky_servers or worker.process.dead:
+                continue
+            at_s = since_s + FLAKY_EVERY_S
+            while at_s <= until_s:
+                worker.steadiness.failed(at_s, server_down=True)
+                worker.steadiness.back(at_s)
+                at_s += FLAKY_EVERY_S
 
     def server_back(self, label: str) -> bool:
         """The server generates again (restarted by the watch): the engine resumes, the worker consumes."""
@@ -1196,6 +1205,7 @@ class Fleet:
         for worker in self.workers:
             if worker.seat.taken and not worker.process.dead:
                 self._land_seat_stamp(worker)
+        self._flaky_failures(self.clock.now_s, self.clock.now_s + seconds)
         self.clock.now_s += seconds
         self.time_passed_s += seconds
         self._age_redis(seconds)

@@ -186,10 +186,18 @@ class Steadiness:
         included; one failure more than seen, so that a server watched only briefly is not taken for a
         steady one."""
         start = max(now - over_s, self.known_since)
-        worked_s = sum(max(0.0, min(end, now) - max(begin, start)) for begin, end in self.worked)
+        worked_s = 0.0
+        for begin, end in reversed(self.worked):  # oldest first: the newest are those in the window
+            if end <= start:
+                break
+            worked_s += max(0.0, min(end, now) - max(begin, start))
         if not self.down:
             worked_s += max(0.0, now - max(self.since, start))
-        failures = sum(1 for at in self.failed_at if start < at <= now)
+        failures = 0
+        for at in reversed(self.failed_at):
+            if at <= start:
+                break
+            failures += at <= now
         return worked_s / (failures + 1)
 
     def shows(self, now: float, needed_s: float, over_s: float) -> bool:
@@ -203,8 +211,12 @@ class Steadiness:
         if self.down:
             return None
         latest = max(self.since + needed_s, (self.failed_at[-1] + over_s) if self.failed_at else now, now)
-        moments = {now, self.since + needed_s, *(at + over_s for at in self.failed_at)}
-        candidates = sorted(at for at in moments if now <= at <= latest)
+        leaving: list[float] = []  # when each failure still in the window leaves it
+        for at in reversed(self.failed_at):
+            if at + over_s < now:
+                break
+            leaving.append(at + over_s)
+        candidates = sorted(at for at in {now, self.since + needed_s, *leaving} if now <= at <= latest)
         return next((at for at in candidates if self.shows(at, needed_s, over_s)), latest)
 
 
