@@ -13,7 +13,9 @@ prompt's doing, and Redis keeps its writes. A run is then held open only by what
   it (over which window the server's earlier failures leave its record), then the trial, over within the
   liveness stall window, and the server's restart. A prompt that kills its
   worker process costs a worker's restart at each of its failures too, and restarts the wait of a
-  suspect waiting on that worker. An ordinary suspect is acquitted by its first trial.
+  suspect waiting on that worker. Each suspicion in company is a failure of its server, which may leave
+  another suspect waiting there short of its control: tried at once, void (a trial more). An ordinary
+  suspect is acquitted by its first trial.
 """
 
 from __future__ import annotations
@@ -80,11 +82,10 @@ class RunEnd:
         """A run finishes within this once faults stop, with `poison` prompts to convict that fail
         `failure_s` into a trial (`killers` of them kill their worker) and `ordinary_suspects` to acquit."""
         suspicions, convictions = self.policy.suspicions_before_trial, self.policy.convictions_to_dead
-        per_poison = suspicions * self.suspicion_s + convictions * self.trial_s(failure_s)
-        per_killer = (suspicions + convictions) * (self.worker_restart_s + self.trial_s(failure_s))
-        return (
-            self.base_s
-            + poison * per_poison
-            + killers * per_killer
-            + ordinary_suspects * self.trial_s()
+        # each suspicion in company is a failure of the server: a suspect waiting on it may find its control
+        # out of reach and be tried at once, void (one trial more each, at most)
+        per_poison = suspicions * (self.suspicion_s + self.trial_s(failure_s)) + convictions * self.trial_s(
+            failure_s
         )
+        per_killer = (suspicions + convictions) * (self.worker_restart_s + self.trial_s(failure_s))
+        return self.base_s + poison * per_poison + killers * per_killer + ordinary_suspects * self.trial_s()
