@@ -245,9 +245,7 @@ class Explorer:
         options: list[Option] = []
         for worker in self.fleet.workers:
             if not worker.process.dead and worker.seated:
-                options += [
-                    o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] in CALM_PERIODIC
-                ]
+                options += [o for o in self._worker_options(worker) if o[1].split(" ", 1)[1] in CALM_PERIODIC]
         return options
 
     @staticmethod
@@ -390,11 +388,9 @@ class Explorer:
             else:
                 hang = partial(self._fault, "servers hung", partial(fleet.hang_server, label))
                 options.append((FAULT / 4, f"{label}'s server hangs: its worker is suspended", hang))
-                if label not in fleet.flaky_servers:
-                    flaky = partial(self._fault, "flaky servers", partial(fleet.turn_flaky, label))
-                    options.append(
-                        (FAULT / 6, f"{label}'s server fails every few seconds from now on", flaky)
-                    )
+        if not fleet.flaky_servers:
+            flaky = partial(self._fault, "flaky nodes", fleet.turn_flaky)
+            options.append((FAULT / 6, "the node's servers fail every few seconds from now on", flaky))
         if fleet.library_loaded():
             lose = partial(self._fault, "library lost", fleet.lose_the_library)
             options.append((FAULT / 3, "the function library is lost", lose))

@@ -127,6 +127,7 @@ REQUEST_TIMEOUT_S = 60.0
 FIRST_CHUNK_S = 0.2
 RESTART_S = 30.0
 COMPLETED_ALONE_S = 15.0  # an ordinary suspect's request alone
+DROPS_LATE_AFTER_S = 15.0  # a poison prompt that streams a while, then loses its connection
 FAR_FUTURE_S = 10 * 365 * 86_400.0  # a forged eta: ten years on
 CALM_WAIT_S = 10.0  # a request waiting for a suspect's trial to end looks again this much later
 FLAKY_EVERY_S = 10.0  # a flaky server fails this often, as long as faults go on
@@ -142,6 +143,7 @@ class PoisonKind(enum.Enum):
     WEDGES = "wedges its server"  # the whole server stops: the liveness watch suspends the worker
     HANGS = "hangs"  # its request never answers while the server answers others
     KILLS = "kills its worker"  # the worker process dies (a segfault, the OOM killer)
+    DROPS_LATE = "drops its connection well into its answer"  # DROPS_LATE_AFTER_S in, the server answering
 
 
 IN_FLIGHT_WHEN_SUSPENDED_SHARE = 0.5  # a prompt of a suspended worker was in flight (abandoned), not unsent
@@ -1026,6 +1028,15 @@ class Fleet:
                 return begun.end(TrialEnd.GIVEN_UP, note="batch lease lost")
             canary_after_s = self.clock.now_s - timed_out_at
             return begun.end(ending, failed_after_s=took_s, canary_after_s=canary_after_s)
+        if kind is PoisonKind.DROPS_LATE:  # its connection lost mid-answer, the server answering a canary
+            self._wait_until(started + DROPS_LATE_AFTER_S)
+            error = InferenceUnavailable("Connection reset by peer", cause=FailureCause.DROPPED)
+            ending = trial_end(error, server_answers=True)
+            took_s = failed_after_s(
+                error, ending, started=started, last_sign=self.clock.now_s, failed_at=self.clock.now_s
+            )
+            server.trial_failed(self.clock.now_s, server_down=False)
+            return begun.end(ending, failed_after_s=took_s, canary_after_s=0.0)
         # HANGS: out of the client's timeout, the server answering others
         self._wait_until(started + REQUEST_TIMEOUT_S)
         error = InferenceUnavailable("Request timed out.", cause=FailureCause.TIMED_OUT)
@@ -1165,12 +1176,13 @@ class Fleet:
                 worker.steadiness.failed(self.clock.now_s, server_down=True)
         return True
 
-    def turn_flaky(self, label: str) -> bool:
-        """The GPU's server fails every FLAKY_EVERY_S from now on, whatever it serves (a bad driver, a flaky
-        node), until faults stop: its worker sees each failure as time passes."""
-        if label in self.flaky_servers:
+    def turn_flaky(self) -> bool:
+        """The node's servers fail every FLAKY_EVERY_S from now on, whatever they serve (a bad driver, a
+        flaky node: every GPU of it), until faults stop: each worker sees each failure as time passes."""
+        labels = {worker.process.name for worker in self.workers}
+        if labels <= self.flaky_servers:
             return False
-        self.flaky_servers.add(label)
+        self.flaky_servers |= labels
         return True
 
     def _flaky_failures(self, since_s: float, until_s: float) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tests.explorer.fleet import REQUEST_TIMEOUT_S, RESTART_S, Fleet, PoisonKind
+from tests.explorer.fleet import DROPS_LATE_AFTER_S, REQUEST_TIMEOUT_S, RESTART_S, Fleet, PoisonKind
 from workers.recovery.leases import DEFAULT_LEASE_TTL_S
 from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.run_end import RunEnd
@@ -34,8 +34,11 @@ def bound_for(fleet: Fleet, tried_alone: Iterable[str]) -> float:
     poison = set(fleet.poison_kinds)
     killers = sum(1 for kind in fleet.poison_kinds.values() if kind is PoisonKind.KILLS)
     ordinary = len(set(tried_alone) - poison)
-    trials = len(poison) * DEFAULT_CONVICTIONS_TO_DEAD + ordinary
+    trials = len(poison) * (DEFAULT_SUSPICIONS_BEFORE_TRIAL + DEFAULT_CONVICTIONS_TO_DEAD) + ordinary
     suspicions = len(poison) * DEFAULT_SUSPICIONS_BEFORE_TRIAL
     steps = WAITS_OF_A_RUN + WAITS_OF_A_TRIAL * trials + WAITS_OF_A_SUSPICION * suspicions
-    bound_s = MODELLED.bound_s(poison=len(poison), killers=killers, ordinary_suspects=ordinary)
+    failure_s = DROPS_LATE_AFTER_S if PoisonKind.DROPS_LATE in fleet.poison_kinds.values() else 0.0
+    bound_s = MODELLED.bound_s(
+        poison=len(poison), killers=killers, ordinary_suspects=ordinary, failure_s=failure_s
+    )
     return bound_s + steps * CALM_LONGEST_STEP_S

@@ -24,8 +24,8 @@ from workers.generate.trials import (
 from workers.state.poison import (
     CONTROL_WAIT_FACTOR,
     EVIDENCE_READ_MAX_BYTES,
-    KILLED_TIMING_HEADROOM,
     MIN_TIMING_S,
+    NEXT_FAILURE_HEADROOM,
     Evidence,
     Outcome,
     PoisonPolicy,
@@ -110,7 +110,9 @@ def test_the_control_a_conviction_needs_is_twenty_times_how_fast_the_suspect_fai
     assert POLICY.control_needed_s(0.0) == 20 * MIN_TIMING_S
     # before its next trial, a suspect waits for the control its last failure needs, or a wedge's timing
     assert POLICY.control_before_trial_s([suspicion(), suspicion()], timing_floor_s=5.0) == 100.0
-    assert POLICY.control_before_trial_s([trial(failed_after_s=30.0)], timing_floor_s=5.0) == 600.0
+    assert POLICY.control_before_trial_s([trial(failed_after_s=30.0)], timing_floor_s=5.0) == (
+        20 * 30.0 * NEXT_FAILURE_HEADROOM
+    )
 
 
 def test_a_wedge_timed_up_to_a_poll_late_still_convicts_after_the_control_its_suspect_waited_for() -> None:
@@ -256,25 +258,39 @@ def test_a_server_s_record_counts_each_outage_once_and_leaves_trials_out() -> No
 
 
 def test_before_its_next_trial_a_suspect_waits_for_the_control_its_last_failure_needs_as_timed() -> None:
-    floor_s = 10.0
+    floor_s, headroom = 10.0, NEXT_FAILURE_HEADROOM
     suspected = [suspicion(), suspicion()]
     # a first trial: a failure as fast as a wedge can be timed
     assert POLICY.control_before_trial_s(suspected, floor_s) == 20 * floor_s
-    # a drop or a silence is timed to the chunk: no floor; a wedge by the polls; a worker's death up to
-    # its successor's start, with headroom for the next restart's
+    # then as its last failure was timed, with headroom for the next one coming a little later: a drop
+    # or a silence to the chunk (no floor but the shortest timing), a wedge by the polls, a worker's death
+    # up to its successor's start
     dropped, silent = trial(TrialEnd.DROPPED, failed_after_s=0.0), trial(TrialEnd.SILENT, failed_after_s=2.0)
     assert POLICY.control_before_trial_s([*suspected, dropped], floor_s) == 20 * MIN_TIMING_S
-    assert POLICY.control_before_trial_s([*suspected, silent], floor_s) == 40.0
+    assert POLICY.control_before_trial_s([*suspected, silent], floor_s) == 20 * 2.0 * headroom
     wedged = trial(TrialEnd.WEDGED, failed_after_s=0.5)
     assert POLICY.control_before_trial_s([*suspected, wedged], floor_s) == 20 * floor_s
     killed = trial(TrialEnd.KILLED, failed_after_s=12.0)
-    assert POLICY.control_before_trial_s([*suspected, killed], floor_s) == 20 * 12.0 * KILLED_TIMING_HEADROOM
+    assert POLICY.control_before_trial_s([*suspected, killed], floor_s) == 20 * 12.0 * headroom
     # the last failed trial's: a slow one (its worker killed by something else, say) holds up only the
     # next, and a trial given up tells nothing of the timing
     slow = trial(TrialEnd.KILLED, failed_after_s=200.0)
     given_up = trial(TrialEnd.GIVEN_UP, failed_after_s=0.0)
-    assert POLICY.control_before_trial_s([*suspected, wedged, slow, given_up], floor_s) == 6000.0
+    assert (
+        POLICY.control_before_trial_s([*suspected, wedged, slow, given_up], floor_s) == 20 * 200.0 * headroom
+    )
     assert POLICY.control_before_trial_s([*suspected, slow, wedged, given_up], floor_s) == 20 * floor_s
+
+
+def test_a_drop_a_little_later_than_the_last_still_convicts_after_the_control_its_suspect_waited_for() -> (
+    None
+):
+    """The benchmark at the defaults: a drop 0.25 s in made the next trial wait 5 s of control, and the next
+    drop came 0.29 s in (needing 5.7 s): void, another trial. With the headroom it convicts."""
+    last = trial(TrialEnd.DROPPED, failed_after_s=0.25)
+    waited_s = POLICY.control_before_trial_s([suspicion(), suspicion(), last], timing_floor_s=10.0)
+    later = trial(TrialEnd.DROPPED, failed_after_s=0.29, control_s=waited_s, mean_up_s=waited_s)
+    assert POLICY.outcome(later) is Outcome.CONVICTED
 
 
 def test_a_trial_its_worker_died_in_convicts_on_the_control_alone_without_a_canary_after() -> None:

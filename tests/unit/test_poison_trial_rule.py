@@ -43,6 +43,7 @@ EARLIER_RESTARTS = 40
 SLOW_MACHINE_S = 3.0  # a busy machine's delay on top of the bound, in all
 CANARY_EVERY_S = 0.2
 HUNG_FOR_S = 0.5  # the server made no progress since shortly after the suspect was sent
+LONG_TRIAL_S = 4.0  # longer than three times a control of 1 s
 WINDOW = 4
 WAIT_S = 10.0
 QUICK = PoisonPolicy(control_factor=0.0)  # no control to wait for: any server shows it at once
@@ -64,6 +65,7 @@ class TrialServer(FakeServer):
         crash_canaries: int | None = 1,
         wedges: frozenset[str] = frozenset(),
         timeouts: frozenset[str] = frozenset(),
+        drops_after_s: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         self.drops = drops
@@ -71,6 +73,7 @@ class TrialServer(FakeServer):
         self.crash_canaries = crash_canaries
         self.wedges = wedges
         self.timeouts = timeouts  # they time out at the client, the server wedged (no canary until back)
+        self.drops_after_s = drops_after_s or {}  # they lose their connection this long in
         self.down = False
         self.refuse_canaries: int | None = 0  # None: every one while down
         self.running_beside: dict[str, list[int]] = {}
@@ -99,6 +102,10 @@ class TrialServer(FakeServer):
             await asyncio.sleep(0)
             if prompt_id in self.crashes:
                 self.down, self.refuse_canaries = True, self.crash_canaries
+            raise InferenceUnavailable("the connection was reset", cause=FailureCause.DROPPED)
+        if prompt_id in self.drops_after_s:
+            self.started.append(prompt_id)
+            await asyncio.sleep(self.drops_after_s[prompt_id])
             raise InferenceUnavailable("the connection was reset", cause=FailureCause.DROPPED)
         if prompt_id in self.timeouts:
             self.started.append(prompt_id)
@@ -445,3 +452,35 @@ def test_a_wedge_whose_request_times_out_first_is_convicted_as_a_wedge_timed_by_
     # Then each trial is a wedge, timed when progress stopped (not at the client's timeout), and convicts
     assert outcome.dead_lettered == 1
     assert [(t.ended, QUICK.outcome(t)) for t in convictions] == [(TrialEnd.WEDGED, Outcome.CONVICTED)] * 3
+
+
+def test_a_suspect_tried_after_another_s_long_trial_waits_for_its_own_control_first(
+    engines: list[GenerationEngine],
+) -> None:
+    """The benchmark at the defaults: a suspect whose wait for its control ran out while another's trial held
+    the server (a 300 s silence or wedge) was tried at once after it, with no control, void: a wasted trial
+    (a wedge's, five minutes and a restart). It waits for its control afresh after the other's trial."""
+    # Given two suspects of one batch: one convicted twice already, that drops its connection LONG_TRIAL_S
+    # into its next trial (longer than the other's wait for its control may last), one that drops it at once
+    server = TrialServer(drops=frozenset({"quick"}), drops_after_s={"slow": LONG_TRIAL_S})
+    policy = PoisonPolicy(control_factor=4.0)
+    engine = engine_over(server, policy=policy, trials=TrialSettings(timing_floor_s=MIN_TIMING_S))
+    engines.append(engine)
+    recorder = Recorder()
+    suspected(recorder, "slow", cause="dropped")
+    for _ in range(2):  # at once those times: its next trial waits for a short control too
+        recorder.strike("slow", trial(TrialEnd.DROPPED, failed_after_s=0.0))
+    suspected(recorder, "quick", cause="dropped")
+    # When their batch is delivered (the slow one's later trials, after a slow failure, wait long: not here)
+    job = engine.submit_batch("r", [prompt("slow"), prompt("quick")], SamplingSettings(), recorder)
+    wait_until(
+        lambda: len(ended(recorder, "quick")) == ATTEMPTS, timeout_s=WAIT_S, what="the quick one's trials"
+    )
+    engine.drain(grace_s=0.0)  # the worker stops: the slow one's batch goes back
+    job.outcome()
+    # Then every trial of the quick one began once its server had shown the control it waited for, and
+    # each convicted: none was tried at once, short of it, after the slow one's trial
+    needed_s = policy.control_needed_s(MIN_TIMING_S)
+    quick = ended(recorder, "quick")
+    assert quick and all(t.control_s >= needed_s for t in quick), quick
+    assert [policy.outcome(t) for t in quick] == [Outcome.CONVICTED] * len(quick)

@@ -342,6 +342,10 @@ class Court:
         now = self.now()
         return self.steadiness.control_s(now), self.steadiness.mean_up_s(now, control_window_s(needed_s))
 
+    def shows(self, needed_s: float) -> bool:
+        """Whether the server shows `needed_s` of control now (its stretch and its mean over the window)."""
+        return self.steadiness.shows(self.now(), needed_s, control_window_s(needed_s))
+
     def may_try(self, needed_s: float, until: float) -> bool:
         """Whether a suspect may be tried now: its server shows the control it needs, or cannot before
         `until` (it fails too often, or the wait is over)."""

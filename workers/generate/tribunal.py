@@ -41,6 +41,10 @@ from workers.state.poison import (
 
 log = logging.getLogger(__name__)
 
+QUEUED_ALONE_S = 1.0
+"""A suspect that waited longer than this for the server alone (behind other suspects' trials, or the
+drain of long requests) is tried only on the control its server shows then."""
+
 SUSPICIOUS_CAUSES = frozenset(
     {FailureCause.SILENT, FailureCause.DROPPED, FailureCause.TIMED_OUT, FailureCause.MALFORMED}
 )
@@ -153,7 +157,13 @@ class Tribunal:
         try:
             while True:
                 await court.await_control(needed_s, until, stop_reason, case.sampling, waiting=waiting)
+                asked = court.now()
                 async with self.alone():
+                    if court.now() - asked > QUEUED_ALONE_S and not court.shows(needed_s):
+                        # other suspects' trials went first: the server's stretch starts anew after a failed
+                        # one, and this one's wait ran on meanwhile; it waits for its control afresh
+                        until = court.control_wait_until(needed_s)
+                        continue
                     if court.may_try(needed_s, until):
                         self._plan(case, prompt_id, since=time.time(), needed_s=needed_s, starts_by=None)
                         return await self._try_alone(case, prompt_id, send, needed_s, stop_reason, given_up)

@@ -69,10 +69,11 @@ shows the control within that wait, however often it failed before. One that can
 can acquit, and no suspect waits for ever."""
 WORKER_DIED = "worker died"
 """A suspicion's cause when the prompt's worker died holding it (its successor took its batch back)."""
-KILLED_TIMING_HEADROOM = 1.5
-"""A trial whose worker died is timed up to its successor's start, which varies with the restart: the next
-trial waits for the control of a death this much slower, so that the same prompt killing the next worker
-a few seconds later than the last still convicts."""
+NEXT_FAILURE_HEADROOM = 1.5
+"""The next trial waits for the control of a failure this much slower than the last, as timed: the same
+prompt fails a little later or sooner each time (a dropped connection by the chunks it got first, a
+killed worker by how long its successor took to start), and a trial whose failure comes a little later
+than the control it waited for is void, costing another trial."""
 
 
 class TrialEnd(enum.StrEnum):
@@ -243,14 +244,11 @@ class PoisonPolicy:
 
 
 def timed_failure_s(ended: TrialEnded, timing_floor_s: float) -> float:
-    """How fast a failed trial's suspect should be taken to fail next time, by how its failure was timed:
-    a wedge by the liveness watch's polls (no faster than `timing_floor_s`), a worker's death up to its
-    successor's start (with KILLED_TIMING_HEADROOM), a drop or a silence to the chunk."""
-    if ended.ended is TrialEnd.WEDGED:
-        return max(ended.failed_after_s, timing_floor_s)
-    if ended.ended is TrialEnd.KILLED:
-        return ended.failed_after_s * KILLED_TIMING_HEADROOM
-    return ended.failed_after_s
+    """How fast a failed trial's suspect should be taken to fail next time: as it failed last, with
+    NEXT_FAILURE_HEADROOM, by how its failure was timed: a wedge by the liveness watch's polls (no faster
+    than `timing_floor_s`), a worker's death up to its successor's start, a drop or a silence to the chunk."""
+    later_s = ended.failed_after_s * NEXT_FAILURE_HEADROOM
+    return max(later_s, timing_floor_s) if ended.ended is TrialEnd.WEDGED else later_s
 
 
 def open_trials(evidence: Sequence[Evidence], life_prefix: str) -> list[TrialBegun]:
