@@ -130,7 +130,7 @@ COMPLETED_ALONE_S = 15.0  # an ordinary suspect's request alone
 DROPS_LATE_AFTER_S = 15.0  # a poison prompt that streams a while, then loses its connection
 FAR_FUTURE_S = 10 * 365 * 86_400.0  # a forged eta: ten years on
 CALM_WAIT_S = 10.0  # a request waiting for a suspect's trial to end looks again this much later
-FLAKY_EVERY_S = 10.0  # a flaky server fails this often, as long as faults go on
+FLAKY_EVERY_S = 2.0  # a flaky node's servers fail this often, as long as faults go on
 # (the server failed, it came back) of an ordinary suspect's trial failed during the faults: an outage
 # of its server's own, then back or never back (a rule missing that half would convict)
 UNLUCKY_TRIALS = ((True, False), (True, True))
