@@ -26,7 +26,7 @@ from workers.generate.batches import MAX_BATCH_FAILURES, UNEXPECTED_ERROR_RETRY_
 from workers.generate.trials import WEDGE_TIMING_POLLS
 from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.settings import WorkerSettings
-from workers.state.poison import CONTROL_WAIT_FACTOR, PoisonPolicy
+from workers.state.poison import CONTROL_WAIT_FACTOR, NEXT_FAILURE_HEADROOM, PoisonPolicy
 
 SYSTEMD_RESTART_S = 5.0  # RestartSec of deploy/systemd/draftgen-generate@.service
 WORKER_START_S = 30.0  # a generate worker's start: Python, Celery, its engine, before it takes its seat
@@ -61,11 +61,12 @@ class RunEnd:
         return WEDGE_TIMING_POLLS * self.settings.liveness_poll_s
 
     def trial_s(self, failure_s: float = 0.0) -> float:
-        """The longest one trial holds its GPU, its wait included, for a suspect that fails `failure_s` in
-        (a failure timed no finer than the timing floor): the wait for its control, then the trial, which
-        ends within the liveness stall window (a silence is cut then; a wedge is called then, whatever the
-        client's timeout) and the server's restart after a wedge."""
-        needed_s = self.policy.control_needed_s(max(self.timing_floor_s, failure_s))
+        """The longest one trial holds its GPU, its wait included, for a suspect that fails up to `failure_s`
+        in (a failure timed no finer than the timing floor): the wait for its control (that of a failure
+        NEXT_FAILURE_HEADROOM times as slow as its last), then the trial, which ends within the liveness
+        stall window (a silence is cut then; a wedge is called then, whatever the client's timeout) and the
+        server's restart after a wedge."""
+        needed_s = self.policy.control_needed_s(max(self.timing_floor_s, failure_s * NEXT_FAILURE_HEADROOM))
         return CONTROL_WAIT_FACTOR * needed_s + self.settings.liveness_stall_s + self.server_restart_s
 
     @property

@@ -40,7 +40,7 @@ from tests.explorer.fleet import (
     Worker,
 )
 from tests.explorer.invariants import Invariants
-from tests.explorer.liveness import CALM_LONGEST_STEP_S, CALM_TIME_STEP_S, bound_for
+from tests.explorer.liveness import CALM_LONGEST_STEP_S, CALM_TIME_STEP_S, bound_for, longest_failure_s
 from tests.explorer.schedule import Killed, Process, Scheduler, Step
 from workers.broker.kombu_layout import waiting_messages
 from workers.record.reading import read_enqueued_ids
@@ -118,6 +118,7 @@ class Explorer:
         self.checks = Invariants(self.fleet)
         self.result = ScheduleResult(seed)
         self._input_held = False  # once calm: Redis holds every prompt of the input
+        self._failure_s = 0.0  # the longest its poison has failed into a trial, by its records so far
 
     # ------------------------------------------------------------------ the two phases
 
@@ -202,7 +203,12 @@ class Explorer:
 
     def _within_bound(self, started_s: float) -> bool:
         took_s = self.fleet.clock.now_s - started_s
-        bound_s = bound_for(self.fleet, self.fleet.tried_when_calm)
+        if (
+            self.fleet.poison_kinds
+        ):  # (a record is deleted once its prompt is dead-lettered: the longest kept)
+            records = RunLedger(self.fleet.admin, RUN).strikes_of(list(self.fleet.poison_kinds))
+            self._failure_s = max(self._failure_s, longest_failure_s(self.fleet, records))
+        bound_s = bound_for(self.fleet, self.fleet.tried_when_calm, self._failure_s)
         if took_s <= bound_s:
             return True
         poison, tried = len(self.fleet.poison_kinds), len(self.fleet.tried_when_calm)

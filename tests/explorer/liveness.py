@@ -7,14 +7,21 @@ one step late.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from tests.explorer.fleet import DROPS_LATE_AFTER_S, REQUEST_TIMEOUT_S, RESTART_S, Fleet, PoisonKind
 from workers.recovery.leases import DEFAULT_LEASE_TTL_S
 from workers.recovery.seat import HOLDER_GONE_AFTER_S
 from workers.run_end import RunEnd
 from workers.settings import WorkerSettings
-from workers.state.poison import DEFAULT_CONVICTIONS_TO_DEAD, DEFAULT_SUSPICIONS_BEFORE_TRIAL, PoisonPolicy
+from workers.state.poison import (
+    DEFAULT_CONVICTIONS_TO_DEAD,
+    DEFAULT_SUSPICIONS_BEFORE_TRIAL,
+    Evidence,
+    PoisonPolicy,
+    TrialEnd,
+    TrialEnded,
+)
 
 CALM_TIME_STEP_S = 10.0  # time passes at least this much at once in the calm phase, when nothing can go on
 CALM_LONGEST_STEP_S = DEFAULT_LEASE_TTL_S / 2  # and at most this: a turn of renewals keeps every lease
@@ -29,15 +36,30 @@ MODELLED = RunEnd(
 )
 
 
-def bound_for(fleet: Fleet, tried_alone: Iterable[str]) -> float:
-    """The bound for the schedule: its planted poison, and the other prompts tried alone once calm."""
+def longest_failure_s(fleet: Fleet, evidence: Mapping[str, Sequence[Evidence]]) -> float:
+    """How far into a trial the planted poison has failed at the latest, by its records (`evidence`):
+    the bound's f. A drop is planted DROPS_LATE_AFTER_S in, but timed as the engine times it, when its
+    error arrives: during the faults time may pass in a leap meanwhile, as a loaded host's may; and a
+    worker a prompt killed is timed up to its successor's start."""
+    planted = DROPS_LATE_AFTER_S if PoisonKind.DROPS_LATE in fleet.poison_kinds.values() else 0.0
+    timed = (
+        e.failed_after_s
+        for prompt_id in fleet.poison_kinds
+        for e in evidence.get(prompt_id, ())
+        if isinstance(e, TrialEnded) and e.ended not in (TrialEnd.COMPLETED, TrialEnd.GIVEN_UP)
+    )
+    return max(planted, max(timed, default=0.0))
+
+
+def bound_for(fleet: Fleet, tried_alone: Iterable[str], failure_s: float) -> float:
+    """The bound for the schedule: its planted poison, which has failed up to `failure_s` into a trial
+    (`longest_failure_s`), and the other prompts tried alone once calm."""
     poison = set(fleet.poison_kinds)
     killers = sum(1 for kind in fleet.poison_kinds.values() if kind is PoisonKind.KILLS)
     ordinary = len(set(tried_alone) - poison)
     trials = len(poison) * (DEFAULT_SUSPICIONS_BEFORE_TRIAL + DEFAULT_CONVICTIONS_TO_DEAD) + ordinary
     suspicions = len(poison) * DEFAULT_SUSPICIONS_BEFORE_TRIAL
     steps = WAITS_OF_A_RUN + WAITS_OF_A_TRIAL * trials + WAITS_OF_A_SUSPICION * suspicions
-    failure_s = DROPS_LATE_AFTER_S if PoisonKind.DROPS_LATE in fleet.poison_kinds.values() else 0.0
     bound_s = MODELLED.bound_s(
         poison=len(poison), killers=killers, ordinary_suspects=ordinary, failure_s=failure_s
     )
