@@ -1,6 +1,6 @@
 """Time to verdict: a run whose last three prompts are poison (one drops its connection, one hangs while the
 server answers others, one wedges the whole server), with every liveness setting at its default, against
-the same run without the poison, in one sitting (docs/performance.md, "Every run ends").
+the same run without the poison, in one sitting (docs/performance.md, the row "every run ends").
 
 Real processes: redis-server, simulated GPUs kept up by a supervisor (the liveness watch's restart command
 kills one, and it starts again on its port), their generate workers and the uploader, the README's
