@@ -21,6 +21,23 @@ from devstack.local_stack import RedisProcess, free_port, start_redis
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# scripts/test runs the suite on several pytest processes (`--dist loadgroup --no-loadscope-reorder`): each
+# test goes to whichever process is free, in the order below, but for a module with a module-scoped
+# fixture (its services started once), whose tests stay together on one process. The suite's longest
+# scenarios start first (measured: docs/development.md, "Where the time goes"), so that the short ones
+# fill in beside them instead of one long scenario running on alone at the end.
+LONGEST_FIRST = (
+    "tests/integration/test_poison_trials.py",
+    "tests/integration/test_partition.py",
+    "tests/integration/test_poison_prompts.py",
+    "tests/integration/test_liveness_tail.py",
+    "tests/integration/test_failover.py",
+    "tests/integration/test_chaos.py",
+    "tests/explorer/",
+    "tests/integration/",
+)
+SHARED_SCOPES = frozenset({"module", "package", "class"})
+
 TEST_BUCKET = "draftgen-test"
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -82,6 +99,28 @@ def s3_bucket(s3_endpoint: str) -> Iterator[str]:
         for item in page.get("Contents", []):
             s3.delete_object(Bucket=TEST_BUCKET, Key=item["Key"])
     s3.delete_bucket(Bucket=TEST_BUCKET)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest scenarios first; a module whose tests share a fixture one xdist group."""
+    items.sort(key=start_rank)
+    for item in items:
+        if shares_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def start_rank(item: pytest.Item) -> int:
+    module = item.nodeid.split("::", 1)[0]
+    return next(
+        (rank for rank, prefix in enumerate(LONGEST_FIRST) if module.startswith(prefix)), len(LONGEST_FIRST)
+    )
+
+
+def shares_fixtures(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    if fixtures is None:
+        return False
+    return any(d.scope in SHARED_SCOPES for defs in fixtures.name2fixturedefs.values() for d in defs)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ No consumer exits (the same processes finish the run), every real prompt is comm
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -94,6 +94,14 @@ def forge_staged(node: redis.Redis, field: str, blob: bytes) -> bool:
     return True
 
 
+def forge_unstaged(
+    node: redis.Redis, reader: redis.Redis, candidates: list[str], blob_for: Callable[[str], bytes]
+) -> bool:
+    """Forge a record under the first of `candidates` its worker has not staged yet (the run goes on
+    meanwhile: one found unstaged may be staged by the time the forgery lands, so the next is tried)."""
+    return any(forge_staged(node, one, blob_for(one)) for one in not_yet_staged(reader, candidates))
+
+
 def push_every_malformed_message(node: redis.Redis) -> int:
     item = generate_item(RUN, "0123456789abcdef")
     queued = [json.loads(raw) for raw in waiting_envelopes(node, GENERATE_QUEUE)]
@@ -136,17 +144,24 @@ def test_every_bad_byte_a_node_can_write_during_a_run_stops_nothing_and_loses_no
     # When a GPU node's password writes every bad byte it can, while the run goes on
     offer_queued_tasks_as_revoked(head.urls[WORKER], node)
     pushed = push_every_malformed_message(node)
-    targets = iter(not_yet_staged(producer, [f"q-{i}" for i in range(PROMPTS - 1, 0, -1)]))
     victim = "q-0"
-    bombed = next(targets)
+    candidates = [f"q-{i}" for i in range(PROMPTS - 1, 0, -1)]  # any order: the longest known go first
+
+    def bomb(one: str) -> bytes:
+        return zstd_bomb(one, inflates_to_bytes=BOMB_INFLATES_TO_BYTES)
+
     forged = {
-        "unreadable": forge_staged(node, next(targets), b"\x28\xb5\x2f\xfd not a whole frame"),
-        "bomb": forge_staged(node, bombed, zstd_bomb(bombed, inflates_to_bytes=BOMB_INFLATES_TO_BYTES)),
-        "another prompt's": forge_staged(node, next(targets), encode_blob(completion(victim))),
+        "unreadable": forge_unstaged(
+            node, producer, candidates, lambda _one: b"\x28\xb5\x2f\xfd not a whole frame"
+        ),
+        "bomb": forge_unstaged(node, producer, candidates, bomb),
+        "another prompt's": forge_unstaged(
+            node, producer, candidates, lambda _one: encode_blob(completion(victim))
+        ),
         "never enqueued": forge_staged(node, NEVER_ENQUEUED, encode_blob(completion(NEVER_ENQUEUED))),
     }
     letter = DeadLetter(prompt_id=victim, row=1, reason="poison_prompt", error="forged", attempts=1)
-    wrong_field = next(targets)
+    wrong_field = not_yet_staged(producer, candidates)[0]
     node.hsetnx(RunKeys(RUN).dead, wrong_field, msgspec.json.encode(letter))
     node.zadd(RunKeys(RUN).dead_pending, {wrong_field: redis_now_s(node)})
 

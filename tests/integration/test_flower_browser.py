@@ -46,8 +46,10 @@ CHROMIUM_FLAGS = (
 JS_BUDGET_MS = 5000  # virtual time for Flower's scripts to fetch and draw their tables
 WINDOW_SIZE = "1400,900"
 CHROMIUM_TIMEOUT_S = 60
-SPEEDUP = 10.0  # slow GPUs: 480 prompts take about 30 s on two of them
-PROMPTS = 480
+# slow GPUs: 1,440 prompts take about 90 s on two of them, three times the ~27 s the checks below take
+# on an idle machine (in which the run must still be going on: batches waiting in `generate`)
+SPEEDUP = 10.0
+PROMPTS = 1_440
 BATCH_SIZE = 8  # small batches: each worker finishes its first within seconds, and many wait queued
 RUN = "flower-browser"
 FLOWER_START_TIMEOUT_S = 30
@@ -238,7 +240,7 @@ def test_flower_shows_both_queues_and_busy_workers_during_a_run(
     shots = screenshots_folder(tmp_path)
     names = worker_names(running_stack)
     generator_prefixes = [prefix for role, prefix in names.items() if role != "upload"]
-    # Given a run of 480 prompts in batches of 8 on two slow GPUs, watched by Flower
+    # Given a run of 1,440 prompts in batches of 8 on two slow GPUs, watched by Flower
     data = prompt_files.write_jsonl(
         tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(PROMPTS, "flower")]
     )
