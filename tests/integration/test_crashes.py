@@ -116,8 +116,10 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     # Given a run whose manifest cannot be written yet (a file sits where the manifest folder goes,
     # placed once enqueue made the output: a new run's output holds nothing but its own files), so the
     # uploader's flush writes its data object and fails before committing it
+    # The uploader is up before the GPU's worker starts, so that its flushes land while the run goes on:
+    # each retry writes an object of more completions, and of two written, one at least is never committed
+    # (a retry of the same completions writes the same object: its key is its checksum)
     output = tmp_path / "out"
-    stack.start_generator(0)
     data = prompt_files.write_jsonl(
         tmp_path / "d.jsonl", [prompt_files.as_prompt(r) for r in prompt_files.questions(200, "up")]
     )
@@ -125,8 +127,9 @@ def test_an_uploader_killed_mid_flush_commits_everything_once_and_gc_removes_its
     stack.enqueue(data, run, "--output", str(output), "--batch-size", "16")
     (output / "manifest").write_text("in the way")
     stack.start_uploader()
+    stack.start_generator(0)
     store = open_store(output.as_uri())
-    wait_until(lambda: any(True for _ in store.list(DATA_PREFIX)), timeout_s=60, what="a data object written")
+    wait_until(lambda: len(list(store.list(DATA_PREFIX))) >= 2, timeout_s=60, what="two data objects written")
     # When the uploader is SIGKILLed mid-flush, the obstacle is removed, and the uploader restarts
     assert stack.uploader is not None
     stack.uploader.kill()
