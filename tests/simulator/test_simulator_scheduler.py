@@ -20,6 +20,8 @@ from tests.support.simulator_client import make_client, user
 
 POLL_DEADLINE_S = 10.0
 
+LOADED_MACHINE_SHARE = 0.5  # of the modelled throughput, the least a test asserts on a busy machine
+
 
 def poll_until(condition: Callable[[], bool], deadline_s: float = POLL_DEADLINE_S) -> None:
     wait_until(condition, timeout_s=deadline_s, what="the simulator's metrics to move")
@@ -117,7 +119,9 @@ def test_throughput_follows_the_model_at_the_speedup(
         elapsed = time.monotonic() - started
     produced = sum(result.usage.completion_tokens for result in results if result.usage)
     assert produced == concurrency * tokens
-    assert 0.8 * predicted <= produced / elapsed <= 1.1 * predicted
+    # never faster than the model; slower by the simulator's own CPU: 0.96-0.99 of it idle, 0.67 once beside
+    # the whole suite on four processes, so half of it is the floor a loaded machine still holds
+    assert LOADED_MACHINE_SHARE * predicted <= produced / elapsed <= 1.1 * predicted
 
 
 def test_a_client_that_gives_up_frees_its_slot(start_simulator: Callable[..., SimulatorProcess]) -> None:
