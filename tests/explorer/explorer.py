@@ -203,12 +203,7 @@ class Explorer:
 
     def _within_bound(self, started_s: float) -> bool:
         took_s = self.fleet.clock.now_s - started_s
-        if (
-            self.fleet.poison_kinds
-        ):  # (a record is deleted once its prompt is dead-lettered: the longest kept)
-            records = RunLedger(self.fleet.admin, RUN).strikes_of(list(self.fleet.poison_kinds))
-            self._failure_s = max(self._failure_s, longest_failure_s(self.fleet, records))
-        bound_s = bound_for(self.fleet, self.fleet.tried_when_calm, self._failure_s)
+        bound_s = bound_for(self.fleet, self.fleet.tried_when_calm, self._poison_failure_s())
         if took_s <= bound_s:
             return True
         poison, tried = len(self.fleet.poison_kinds), len(self.fleet.tried_when_calm)
@@ -217,6 +212,14 @@ class Explorer:
             f"{bound_s:,.0f} s ({poison} poison prompts, {tried} tried alone): {self._counts()}"
         )
         return False
+
+    def _poison_failure_s(self) -> float:
+        """The longest the planted poison has failed into a trial, by its records as read so far (a record
+        keeps its newest EVIDENCE_MAX_BYTES: an early failure may fall out of it, not out of the bound)."""
+        if self.fleet.poison_kinds:
+            records = RunLedger(self.fleet.admin, RUN).strikes_of(list(self.fleet.poison_kinds))
+            self._failure_s = max(self._failure_s, longest_failure_s(self.fleet, records))
+        return self._failure_s
 
     def _calm_options(self, woken: set[int]) -> list[Option]:
         """What can go on now without time passing: a parked call, a sleeper whose time came, a message

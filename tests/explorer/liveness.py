@@ -19,8 +19,7 @@ from workers.state.poison import (
     DEFAULT_SUSPICIONS_BEFORE_TRIAL,
     Evidence,
     PoisonPolicy,
-    TrialEnd,
-    TrialEnded,
+    failed_trials,
 )
 
 CALM_TIME_STEP_S = 10.0  # time passes at least this much at once in the calm phase, when nothing can go on
@@ -45,8 +44,7 @@ def longest_failure_s(fleet: Fleet, evidence: Mapping[str, Sequence[Evidence]]) 
     timed = (
         e.failed_after_s
         for prompt_id in fleet.poison_kinds
-        for e in evidence.get(prompt_id, ())
-        if isinstance(e, TrialEnded) and e.ended not in (TrialEnd.COMPLETED, TrialEnd.GIVEN_UP)
+        for e in failed_trials(evidence.get(prompt_id, ()))
     )
     return max(planted, max(timed, default=0.0))
 

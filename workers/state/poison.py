@@ -233,14 +233,19 @@ class PoisonPolicy:
         failure as fast as a wedge can be timed, `timing_floor_s`). The last one, not the slowest: a
         failure of the server's own long ago, or its worker killed by something else, holds up only the
         next trial; a suspect whose failures come later each time is given each one's control in turn."""
-        failed = [
-            e
-            for e in since_acquittal(evidence, self)
-            if isinstance(e, TrialEnded) and e.ended not in (TrialEnd.COMPLETED, TrialEnd.GIVEN_UP)
-        ]
+        failed = failed_trials(since_acquittal(evidence, self))
         if not failed:
             return self.control_needed_s(timing_floor_s)
         return self.control_needed_s(timed_failure_s(failed[-1], timing_floor_s))
+
+
+def failed_trials(evidence: Sequence[Evidence]) -> list[TrialEnded]:
+    """The trials in `evidence` that failed: neither completed nor given up."""
+    return [
+        e
+        for e in evidence
+        if isinstance(e, TrialEnded) and e.ended not in (TrialEnd.COMPLETED, TrialEnd.GIVEN_UP)
+    ]
 
 
 def timed_failure_s(ended: TrialEnded, timing_floor_s: float) -> float:
