@@ -68,6 +68,10 @@ class SimRequest:
     arrival_wall_s: float = 0.0
     phase: Phase = Phase.WAITING
     aborted: bool = False
+    reported_finished: bool = True
+    """Whether the scheduler reports its end as a finished request (SGLang's batch output, which counts it
+    in `num_requests_total`): not one aborted in the waiting queue (answered with an abort echo), nor any
+    aborted while the scheduler hangs (it answers nothing)."""
     start_step: int = 0
     finish_step: int = 0
     final_tokens: int = 0
@@ -238,6 +242,7 @@ class Engine:
             self._running.discard(request)
         verifies = self._step - request.start_step if request.phase is Phase.RUNNING else 0
         request.aborted = True
+        request.reported_finished = request.phase is Phase.RUNNING and not self._hung
         self._finish(request, self.produced(request), verifies)
         self._evict_cache()
         self._wake.set()

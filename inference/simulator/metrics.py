@@ -212,7 +212,12 @@ class SimulatorMetrics:
         registry.register(_RealtimeTokens(settings, engine))
 
     def observe_finished(self, request: SimRequest, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count a request that ended (finished or aborted), as SGLang does at the end of a request."""
+        """Count a request that ended (finished or aborted), as SGLang does: an abort at once on the
+        tokenizer's side, the request's end when the scheduler reports it (not for every abort)."""
+        if request.aborted:
+            self.num_aborted.labels(self._model, ENGINE_TYPE).inc()
+        if not request.reported_finished:
+            return
         streaming = "true" if request.streaming else "false"
         labels = (self._model, ENGINE_TYPE, streaming)
         self.prompt_tokens.labels(*labels).inc(prompt_tokens)
@@ -223,8 +228,6 @@ class SimulatorMetrics:
             self.cached_tokens.labels(self._model, ENGINE_TYPE, CACHE_SOURCE_DEVICE).inc(
                 request.cached_tokens
             )
-        if request.aborted:
-            self.num_aborted.labels(self._model, ENGINE_TYPE).inc()
         end = request.finished_wall_s
         if end is None:
             return

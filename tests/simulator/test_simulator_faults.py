@@ -294,6 +294,32 @@ def test_a_server_wedged_by_its_very_first_request_shows_its_per_step_counter_st
         call.join()
 
 
+def test_a_wedged_server_counts_its_aborted_requests_as_aborted_and_never_as_finished(
+    start_simulator: Callable[..., SimulatorProcess],
+) -> None:
+    # Given a server wedged by a poison prompt (its scheduler answers nothing any more, aborts included)
+    sim = start_simulator(speedup=1.0, enable_metrics=True, prompt_faults='{"poison": "wedge"}')
+    probe = ServerProbe(sim.url)
+    with make_client(sim) as client, make_client(sim, timeout_s=SHORT_TIMEOUT_S) as impatient:
+        call = send_in_background(client, max_tokens=5, text="the poison")
+        poll_until(lambda: probe.metrics().busy)
+        wedged = probe.metrics()
+        # When clients ask it questions and give up on them, as canaries do
+        for _ in range(ABANDONED_QUESTIONS):
+            with pytest.raises(openai.APITimeoutError):
+                impatient.chat.completions.create(model="default", messages=user("canary"), max_tokens=1)
+        poll_until(lambda: len(sim.admin.requests()) == ABANDONED_QUESTIONS)  # the poison is still open
+        # Then the tokenizer counts every abort, and nothing reads as a finished request or progress
+        metrics = httpx.get(sim.url + "/metrics", timeout=10).text
+        assert sample_value(metrics, "sglang:num_aborted_requests_total") == ABANDONED_QUESTIONS
+        assert probe.metrics().progress == wedged.progress
+        sim.admin.set_faults(server_hang=False)
+        call.join()
+
+
+ABANDONED_QUESTIONS = 3
+
+
 def test_a_server_started_without_its_warm_up_shows_no_per_step_counter_before_its_first_request(
     start_simulator: Callable[..., SimulatorProcess],
 ) -> None:

@@ -316,6 +316,7 @@ class Court:
         self._idle = idle
         self._outage = outage
         self._last_canary = -math.inf
+        self._asking: asyncio.Future[bool] | None = None
         self.outage_seen: Outage | None = (
             None  # an outage the liveness watch declared during the last comeback
         )
@@ -325,12 +326,26 @@ class Court:
         return asyncio.get_running_loop().time()
 
     async def canary(self, sampling: SamplingSettings, why: str) -> bool:
+        """Whether the server answers a one-token canary now. Suspects that ask while a canary is out share
+        its answer: a server that may be sick is asked one question at a time, however many wait on it."""
+        while (out := self._asking) is not None:
+            await asyncio.wait({out})  # the asker who sent it may give up: then the next one asks anew
+            if not out.cancelled():
+                return out.result()
+        self._asking = asking = asyncio.get_running_loop().create_future()
         self._last_canary = self.now()
-        answered = await self._canary(sampling, why=why)
+        try:
+            answered = await self._canary(sampling, why=why)
+        except BaseException:
+            asking.cancel()  # the others ask again
+            raise
+        finally:
+            self._asking = None
         if answered:
             self.steadiness.served(self.now())
         else:
             self.steadiness.failed(self.now(), server_down=True)
+        asking.set_result(answered)
         return answered
 
     def control_wait_until(self, needed_s: float) -> float:
