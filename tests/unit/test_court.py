@@ -62,3 +62,33 @@ def test_when_the_suspect_that_asked_the_canary_gives_up_the_others_ask_anew() -
         return await staying
 
     assert asyncio.run(scenario()) is False
+
+
+def test_suspects_waiting_for_a_down_server_are_work_waiting_on_it_until_they_stop() -> None:
+    async def scenario() -> tuple[set[int], int]:
+        canary = SlowCanary()
+        loop = asyncio.get_running_loop()
+        steadiness = Steadiness(since=loop.time())
+        court = Court(TrialSettings(), steadiness, canary, suspended=lambda: False, resumed=asyncio.Event())
+        # Given a server that failed a request, and a suspect waiting for its control on it
+        steadiness.failed(loop.time(), server_down=True)
+        waiting = asyncio.ensure_future(
+            court.await_control(1.0, loop.time() + 3600.0, lambda: None, SamplingSettings())
+        )
+        await canary.first_asked.wait()
+        # When its canary comes back unanswered, and it waits to ask the next (looked at all along)
+        canary.answer.set()
+        seen = set()
+        while canary.asked < 2:  # the court sleeps between canaries on the real clock
+            seen.add(court.awaiting_server)
+            await asyncio.sleep(LOOK_EVERY_S)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        return seen, court.awaiting_server
+
+    seen, after = asyncio.run(scenario())
+    # Then the suspect counts as work waiting on the server throughout, and not once it stopped waiting
+    assert (seen, after) == ({1}, 0)
+
+
+LOOK_EVERY_S = 0.05

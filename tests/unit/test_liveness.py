@@ -131,15 +131,15 @@ def test_an_empty_exposition_reads_as_an_idle_server() -> None:
 def test_a_server_making_progress_is_live() -> None:
     watching = judge()
     for step in range(10):
-        verdict = watching.observe(step * 100.0, snapshot(decode=1000.0 + step), in_flight=48)
+        verdict = watching.observe(step * 100.0, snapshot(decode=1000.0 + step), waiting=48)
         assert verdict.state is Liveness.LIVE
 
 
 def test_a_busy_server_without_progress_is_hung_once_the_stall_window_passes() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=0)
-    assert watching.observe(STALL_S - 1, snapshot(), in_flight=0).state is Liveness.LIVE
-    verdict = watching.observe(STALL_S, snapshot(), in_flight=0)
+    watching.observe(0.0, snapshot(), waiting=0)
+    assert watching.observe(STALL_S - 1, snapshot(), waiting=0).state is Liveness.LIVE
+    verdict = watching.observe(STALL_S, snapshot(), waiting=0)
     assert verdict.state is Liveness.HUNG
     assert "48 running" in verdict.reason and "per-step token counter" in verdict.reason
 
@@ -148,36 +148,36 @@ def test_an_idle_server_is_never_hung_however_long_its_counters_stay_still() -> 
     watching = judge()
     for hour in range(5):
         idle = snapshot(running=0, queued=0)
-        assert watching.observe(hour * 3600.0, idle, in_flight=0).state is Liveness.LIVE
+        assert watching.observe(hour * 3600.0, idle, waiting=0).state is Liveness.LIVE
 
 
 def test_idle_time_does_not_count_towards_a_stall() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(running=0), in_flight=0)
-    watching.observe(3600.0, snapshot(running=0), in_flight=0)
+    watching.observe(0.0, snapshot(running=0), waiting=0)
+    watching.observe(3600.0, snapshot(running=0), waiting=0)
     # requests arrive after an hour idle: the window starts now, not an hour ago
-    assert watching.observe(3601.0, snapshot(running=48), in_flight=48).state is Liveness.LIVE
-    assert watching.observe(3600.0 + STALL_S, snapshot(running=48), in_flight=48).state is Liveness.HUNG
+    assert watching.observe(3601.0, snapshot(running=48), waiting=48).state is Liveness.LIVE
+    assert watching.observe(3600.0 + STALL_S, snapshot(running=48), waiting=48).state is Liveness.HUNG
 
 
 def test_requests_in_flight_from_this_worker_count_as_busy_when_the_gauges_say_idle() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(running=0), in_flight=12)
-    verdict = watching.observe(STALL_S, snapshot(running=0), in_flight=12)
-    assert verdict.state is Liveness.HUNG and "12 in flight from this worker" in verdict.reason
+    watching.observe(0.0, snapshot(running=0), waiting=12)
+    verdict = watching.observe(STALL_S, snapshot(running=0), waiting=12)
+    assert verdict.state is Liveness.HUNG and "12 waiting on it from this worker" in verdict.reason
 
 
 def test_queued_requests_alone_count_as_busy() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(running=0, queued=3), in_flight=0)
-    assert watching.observe(STALL_S, snapshot(running=0, queued=3), in_flight=0).state is Liveness.HUNG
+    watching.observe(0.0, snapshot(running=0, queued=3), waiting=0)
+    assert watching.observe(STALL_S, snapshot(running=0, queued=3), waiting=0).state is Liveness.HUNG
 
 
 def test_with_only_completion_counters_the_longer_window_applies() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(decode=None), in_flight=48)
-    assert watching.observe(STALL_S, snapshot(decode=None), in_flight=48).state is Liveness.LIVE
-    verdict = watching.observe(COMPLETION_STALL_S, snapshot(decode=None), in_flight=48)
+    watching.observe(0.0, snapshot(decode=None), waiting=48)
+    assert watching.observe(STALL_S, snapshot(decode=None), waiting=48).state is Liveness.LIVE
+    verdict = watching.observe(COMPLETION_STALL_S, snapshot(decode=None), waiting=48)
     assert verdict.state is Liveness.HUNG and "completion counters" in verdict.reason
 
 
@@ -185,66 +185,66 @@ def test_a_server_once_seen_with_the_per_step_counter_keeps_the_short_window_aft
     """Restarted with --skip-server-warmup, a server shows no per-step series until its first forward
     pass; hung before it, it is still judged within the short window."""
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=48)
+    watching.observe(0.0, snapshot(), waiting=48)
     watching.reset()  # the watch restarted it
-    watching.observe(10.0, snapshot(decode=None), in_flight=48)
-    verdict = watching.observe(10.0 + STALL_S, snapshot(decode=None), in_flight=48)
+    watching.observe(10.0, snapshot(decode=None), waiting=48)
+    verdict = watching.observe(10.0 + STALL_S, snapshot(decode=None), waiting=48)
     assert verdict.state is Liveness.HUNG and "per-step token counter" in verdict.reason
 
 
 def test_a_hung_server_recovers_when_progress_resumes() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=48)
-    assert watching.observe(STALL_S, snapshot(), in_flight=48).state is Liveness.HUNG
-    assert watching.observe(STALL_S + 5, snapshot(decode=1001.0), in_flight=48).state is Liveness.LIVE
+    watching.observe(0.0, snapshot(), waiting=48)
+    assert watching.observe(STALL_S, snapshot(), waiting=48).state is Liveness.HUNG
+    assert watching.observe(STALL_S + 5, snapshot(decode=1001.0), waiting=48).state is Liveness.LIVE
     # and the next stall is measured from that progress
-    assert watching.observe(2 * STALL_S, snapshot(decode=1001.0), in_flight=48).state is Liveness.LIVE
-    assert watching.observe(2 * STALL_S + 5, snapshot(decode=1001.0), in_flight=48).state is Liveness.HUNG
+    assert watching.observe(2 * STALL_S, snapshot(decode=1001.0), waiting=48).state is Liveness.LIVE
+    assert watching.observe(2 * STALL_S + 5, snapshot(decode=1001.0), waiting=48).state is Liveness.HUNG
 
 
 def test_counters_reset_by_a_server_restart_count_as_progress() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(decode=5000.0), in_flight=48)
+    watching.observe(0.0, snapshot(decode=5000.0), waiting=48)
     restarted = snapshot(decode=0.0, generated=0.0)
-    assert watching.observe(STALL_S, restarted, in_flight=48).state is Liveness.LIVE
+    assert watching.observe(STALL_S, restarted, waiting=48).state is Liveness.LIVE
 
 
 def test_metrics_that_do_not_answer_make_the_server_down_after_three_polls() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=0)
-    assert watching.observe(5.0, None, in_flight=0).state is Liveness.LIVE
-    assert watching.observe(10.0, None, in_flight=0).state is Liveness.LIVE
-    verdict = watching.observe(15.0, None, in_flight=0)
+    watching.observe(0.0, snapshot(), waiting=0)
+    assert watching.observe(5.0, None, waiting=0).state is Liveness.LIVE
+    assert watching.observe(10.0, None, waiting=0).state is Liveness.LIVE
+    verdict = watching.observe(15.0, None, waiting=0)
     assert verdict.state is Liveness.DOWN and "unanswered 3 times" in verdict.reason
 
 
 def test_a_server_that_never_answered_is_down_too() -> None:
     watching = judge()
-    states = [watching.observe(t, None, in_flight=0).state for t in (0.0, 5.0, 10.0)]
+    states = [watching.observe(t, None, waiting=0).state for t in (0.0, 5.0, 10.0)]
     assert states == [Liveness.LIVE, Liveness.LIVE, Liveness.DOWN]
 
 
 def test_one_answer_between_failures_starts_the_down_count_again() -> None:
     watching = judge()
     for now in (0.0, 5.0):
-        watching.observe(now, None, in_flight=0)
-    watching.observe(10.0, snapshot(), in_flight=0)
-    assert watching.observe(15.0, None, in_flight=0).state is Liveness.LIVE
-    assert watching.observe(20.0, None, in_flight=0).state is Liveness.LIVE
+        watching.observe(now, None, waiting=0)
+    watching.observe(10.0, snapshot(), waiting=0)
+    assert watching.observe(15.0, None, waiting=0).state is Liveness.LIVE
+    assert watching.observe(20.0, None, waiting=0).state is Liveness.LIVE
 
 
 def test_a_stall_still_shows_while_a_scrape_or_two_fail() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=48)
-    assert watching.observe(STALL_S, None, in_flight=48).state is Liveness.HUNG
+    watching.observe(0.0, snapshot(), waiting=48)
+    assert watching.observe(STALL_S, None, waiting=48).state is Liveness.HUNG
 
 
 def test_after_a_reset_the_next_snapshot_is_a_fresh_baseline() -> None:
     watching = judge()
-    watching.observe(0.0, snapshot(), in_flight=48)
+    watching.observe(0.0, snapshot(), waiting=48)
     watching.reset()
-    assert watching.observe(STALL_S, snapshot(), in_flight=48).state is Liveness.LIVE
-    assert watching.observe(2 * STALL_S, snapshot(), in_flight=48).state is Liveness.HUNG
+    assert watching.observe(STALL_S, snapshot(), waiting=48).state is Liveness.LIVE
+    assert watching.observe(2 * STALL_S, snapshot(), waiting=48).state is Liveness.HUNG
 
 
 # ----- the watcher, with fakes -----
@@ -261,6 +261,7 @@ class Journal:
 class FakeEngine:
     journal: Journal
     in_flight: int = 48
+    awaiting_server: int = 0
 
     outages: list[Outage] = field(default_factory=list)
 
@@ -390,6 +391,20 @@ def test_on_a_hang_the_worker_stops_taking_batches_requeues_restarts_the_server_
     assert events[0] == "stop taking batches"
     assert events[1].startswith(f"suspend: server {SERVER_URL} is hung")
     assert events[2:] == [f"run {RESTART_COMMAND}", "ready", "resume engine", "take batches again"]
+
+
+def test_a_wedge_whose_requests_ran_out_of_their_timeout_is_hung_while_suspects_wait_for_the_server() -> None:
+    # Given a server wedged with nothing at it any more: the requests it took ran out of a client timeout
+    # shorter than the stall window and were given up, and its gauges read idle (SGLang's, refreshed at
+    # the decode-log interval, may have frozen so); a suspect of this worker waits for it to answer again
+    test = rig(current=snapshot(running=0, queued=0))
+    test.engine.in_flight = 0
+    test.engine.awaiting_server = 1
+    test.poll_at(0.0)
+    # When its counters stay still for the stall window
+    verdict = test.poll_at(STALL_S)
+    # Then the watch calls it hung: a suspect waiting on it is work waiting on it
+    assert verdict is not None and verdict.state is Liveness.HUNG, verdict
 
 
 def test_without_a_restart_command_the_watcher_waits_for_the_server_to_recover() -> None:

@@ -309,6 +309,11 @@ class GenerationEngine:
         return len(self._in_flight)
 
     @property
+    def awaiting_server(self) -> int:
+        """Answers this worker's suspects wait for from its server (`Court.awaiting_server`; any thread)."""
+        return self._tribunal.court.awaiting_server
+
+    @property
     def trial_settings(self) -> TrialSettings:
         return self._tribunal.court.settings
 

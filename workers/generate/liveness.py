@@ -89,12 +89,13 @@ class Outage:
 class LivenessJudge:
     """Says whether the server is live, hung or down, from snapshots fed with the time they were taken.
 
-    Hung: busy (requests running or queued at the server, or in flight from this worker) and no
-    progress counter moved for the stall window: `stall_s` when the server has a per-step counter,
-    else the longer `completion_stall_s` (completion counters stay flat while long requests run).
-    A server once seen with the per-step counter keeps the short window, restarts included: started
-    with `--skip-server-warmup`, it shows no series until its first forward pass, and a hang before that
-    pass is no reason to wait five times longer. Idle time never counts towards a stall. Down:
+    Hung: busy (requests running or queued at the server, or waiting on it from this worker: in flight, or
+    a suspect's wait for a failed server to answer) and no progress counter moved for the stall window:
+    `stall_s` when the server has a per-step counter, else the longer `completion_stall_s` (completion
+    counters stay flat while long requests run). A server once seen with the per-step counter keeps the
+    short window, restarts included: started with `--skip-server-warmup`, it shows no series until its
+    first forward pass, and a hang before that pass is no reason to wait five times longer. Idle time never
+    counts towards a stall. Down:
     `down_after` unanswered scrapes in a row.
     """
 
@@ -127,7 +128,7 @@ class LivenessJudge:
     def _step_counter(self, snapshot: MetricsSnapshot) -> bool:
         return self._step_counter_seen or snapshot.has_step_counter
 
-    def observe(self, now: float, snapshot: MetricsSnapshot | None, in_flight: int) -> LivenessVerdict:
+    def observe(self, now: float, snapshot: MetricsSnapshot | None, waiting: int) -> LivenessVerdict:
         """Take one scrape (None: `/metrics` did not answer) at monotonic time `now`."""
         if snapshot is None:
             self._unanswered += 1
@@ -144,13 +145,13 @@ class LivenessJudge:
             )
             self._last = snapshot
             self._step_counter_seen = self._step_counter(snapshot)
-            if moved or not (snapshot.busy or in_flight > 0):
+            if moved or not (snapshot.busy or waiting > 0):
                 self._quiet_since = now
             if restarted:
-                return replace(self._stall_verdict(now, in_flight), restarted=True)
-        return self._stall_verdict(now, in_flight)
+                return replace(self._stall_verdict(now, waiting), restarted=True)
+        return self._stall_verdict(now, waiting)
 
-    def _stall_verdict(self, now: float, in_flight: int) -> LivenessVerdict:
+    def _stall_verdict(self, now: float, waiting: int) -> LivenessVerdict:
         last, quiet_since = self._last, self._quiet_since
         if last is None or quiet_since is None:
             return LivenessVerdict(Liveness.LIVE, "no answered scrape yet")
@@ -158,9 +159,9 @@ class LivenessJudge:
         window_s = self.window_s(last)
         load = (
             f"{last.running_requests} running and {last.queued_requests} queued at the server, "
-            f"{in_flight} in flight from this worker"
+            f"{waiting} waiting on it from this worker"
         )
-        if (last.busy or in_flight > 0) and quiet_s >= window_s:
+        if (last.busy or waiting > 0) and quiet_s >= window_s:
             counters = "per-step token counter" if self._step_counter(last) else "completion counters"
             return LivenessVerdict(
                 Liveness.HUNG,
@@ -187,6 +188,8 @@ class Suspendable(Protocol):
 
     @property
     def in_flight(self) -> int: ...
+    @property
+    def awaiting_server(self) -> int: ...
     def suspend(self, reason: str, outage: Outage | None = None) -> None: ...
     def resume(self) -> None: ...
     def note_restart(self, reason: str, started_at: float | None = None) -> None: ...
@@ -327,7 +330,10 @@ class LivenessWatcher:
         else:
             self._unanswered = False
         self._metrics_refused = False
-        verdict = self._judge.observe(self._clock(), snapshot, self._engine.in_flight)
+        # A suspect waiting for a failed server to answer is work waiting on it, as a request in flight is:
+        # else a wedge whose requests ran out of a timeout shorter than the stall window looks idle for ever
+        waiting = self._engine.in_flight + self._engine.awaiting_server
+        verdict = self._judge.observe(self._clock(), snapshot, waiting)
         self._watch_start(counters_went_back=verdict.restarted)
         return verdict
 

@@ -19,7 +19,7 @@ import enum
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -317,6 +317,7 @@ class Court:
         self._outage = outage
         self._last_canary = -math.inf
         self._asking: asyncio.Future[bool] | None = None
+        self._waiting = 0  # suspects in a wait for their control or for the server's comeback
         self.outage_seen: Outage | None = (
             None  # an outage the liveness watch declared during the last comeback
         )
@@ -347,6 +348,22 @@ class Court:
             self.steadiness.failed(self.now(), server_down=True)
         asking.set_result(answered)
         return answered
+
+    @property
+    def awaiting_server(self) -> int:
+        """The answers suspects wait for from the server, for the liveness watch to count as work waiting on
+        it: a canary out, and while the server is down (it failed, and has answered nothing since) each
+        suspect waiting for it. Between two canaries nothing is in flight, yet the server owes an answer."""
+        waiting = self._waiting if self.steadiness.down else 0
+        return max(waiting, 1 if self._asking is not None else 0)
+
+    @contextlib.contextmanager
+    def _waiting_on_server(self) -> Iterator[None]:
+        self._waiting += 1
+        try:
+            yield
+        finally:
+            self._waiting -= 1
 
     def control_wait_until(self, needed_s: float) -> float:
         return self.now() + CONTROL_WAIT_FACTOR * needed_s
@@ -381,6 +398,17 @@ class Court:
         """Return once `may_try`; raise InferenceUnavailable (ABANDONED) when the worker gives the batch up
         first. A server seen down is asked a canary now and then, and an idle one too (the control).
         `waiting` is told, at each look, when the trial will begin at the latest if nothing fails."""
+        with self._waiting_on_server():
+            await self._await_control(needed_s, until, gave_up, sampling, waiting)
+
+    async def _await_control(
+        self,
+        needed_s: float,
+        until: float,
+        gave_up: Callable[[], str | None],
+        sampling: SamplingSettings,
+        waiting: Callable[[float], None],
+    ) -> None:
         while True:
             reason = gave_up()
             if reason is not None:
@@ -401,6 +429,12 @@ class Court:
     ) -> tuple[Ruling, float]:
         """Wait until the server answers a canary again (after the liveness watch resumed the engine, if
         it suspended it); the ruling and how long after `failed_at` it answered."""
+        with self._waiting_on_server():
+            return await self._comeback(sampling, failed_at, gave_up, why)
+
+    async def _comeback(
+        self, sampling: SamplingSettings, failed_at: float, gave_up: Callable[[], str | None], why: str
+    ) -> tuple[Ruling, float]:
         deadline = failed_at + self.settings.comeback_limit_s
         before = self._outage()
         try:
