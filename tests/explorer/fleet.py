@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import json
+import math
 import random
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -41,6 +42,7 @@ import redis
 from core.records import DeadLetter, DeadLetterReason, Message, Origin, Prompt, SamplingSettings, Turn
 from core.run_settings.model import RunSettings
 from inference.errors import FailureCause, InferenceUnavailable
+from inference.metrics_reader import MetricsSnapshot
 from intake.rejected import RejectedRow
 from producer.enqueue.enqueuer import Enqueuer, EnqueueSession, pin_settings
 from producer.enqueue.processes import dealt
@@ -67,10 +69,11 @@ from workers.errors import FunctionsMissing, RetryLater, RunBroken, SeatHeld
 from workers.generate.batch_life import BatchLife
 from workers.generate.batches import handle_generate
 from workers.generate.generation import BatchJob, BatchOutcome, Handover
-from workers.generate.liveness import Liveness, Outage
+from workers.generate.liveness import DEFAULT_LIVENESS_POLL_S, Liveness, LivenessJudge, Outage
 from workers.generate.trials import (
     Steadiness,
     TrialSettings,
+    answers_awaited,
     control_wait_s,
     control_window_s,
     failed_after_s,
@@ -135,6 +138,32 @@ FLAKY_EVERY_S = 2.0  # a flaky node's servers fail this often, as long as faults
 # of its server's own, then back or never back (a rule missing that half would convict)
 UNLUCKY_TRIALS = ((True, False), (True, True))
 ACQUITTED_SHARE = 0.25  # an ordinary suspect completes its trial (its record starts over)
+
+
+WEDGED_GAUGES = MetricsSnapshot(  # SGLang's gauges refresh at its decode-log interval: a wedge may freeze
+    running_requests=0,  # them reading idle, its counters still
+    queued_requests=0,
+    generation_tokens_total=0.0,
+    requests_total=0.0,
+    decode_tokens_total=0.0,
+)
+
+
+def watch_calls_hung_at(started_s: float, timed_out_at_s: float) -> float | None:
+    """When the liveness watch calls a server hung that a suspect's trial wedged at `started_s` (its last
+    progress a poll later), its request out of the client's timeout at `timed_out_at_s`, then the suspect
+    waiting for the server to answer again: the real judge, polled at its period over what the worker says
+    waits on the server (`answers_awaited`); None when it never would (nothing changes after the timeout)."""
+    stall_s = TRIAL_SETTINGS.silence_limit_s  # the watch's stall window, as trials read it
+    judge = LivenessJudge(stall_s=stall_s, completion_stall_s=stall_s)
+    at_s, gives_up_s = started_s + WEDGE_TIMED_S, timed_out_at_s + judge.stall_s + 2 * DEFAULT_LIVENESS_POLL_S
+    while at_s <= gives_up_s:
+        timed_out = at_s >= timed_out_at_s
+        awaited = answers_awaited(1 if timed_out else 0, server_down=timed_out, canary_out=False)
+        if judge.observe(at_s, WEDGED_GAUGES, (0 if timed_out else 1) + awaited).state is Liveness.HUNG:
+            return at_s
+        at_s += DEFAULT_LIVENESS_POLL_S
+    return None
 
 
 class PoisonKind(enum.Enum):
@@ -1019,7 +1048,9 @@ class Fleet:
                 error, ending, started=started, last_sign=started + FIRST_CHUNK_S, failed_at=timed_out_at
             )
             server.trial_failed(timed_out_at, server_down=True)
-            self._wait_until(started + TRIAL_SETTINGS.silence_limit_s)
+            called_hung_at = watch_calls_hung_at(started, timed_out_at)
+            # never called hung, nobody restarts the server: the suspect waits on it for ever
+            self._wait_until(math.inf if called_hung_at is None else called_hung_at)
             hung = Outage(Liveness.HUNG.value, stalled_since=started + WEDGE_TIMED_S)
             ending, took_s = retimed(ending, took_s, hung, started=started)
             self._wait_until(self.clock.now_s + RESTART_S)

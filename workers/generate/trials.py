@@ -47,6 +47,14 @@ def control_window_s(needed_s: float) -> float:
     return CONTROL_WAIT_FACTOR * needed_s
 
 
+def answers_awaited(suspects_waiting: int, *, server_down: bool, canary_out: bool) -> int:
+    """What a worker's suspects wait for from its server, as work waiting on it: a canary out, and while the
+    server is down (it failed, and has answered nothing since) each suspect waiting for it. Between two
+    canaries nothing is in flight, yet the server owes an answer; the liveness watch counts it, or a wedge
+    whose requests ran out of a timeout shorter than its stall window would look idle for ever."""
+    return max(suspects_waiting if server_down else 0, 1 if canary_out else 0)
+
+
 class Canary(Protocol):
     """`SilenceWatch.server_generates`: does the server answer a one-token generation now."""
 
@@ -351,11 +359,9 @@ class Court:
 
     @property
     def awaiting_server(self) -> int:
-        """The answers suspects wait for from the server, for the liveness watch to count as work waiting on
-        it: a canary out, and while the server is down (it failed, and has answered nothing since) each
-        suspect waiting for it. Between two canaries nothing is in flight, yet the server owes an answer."""
-        waiting = self._waiting if self.steadiness.down else 0
-        return max(waiting, 1 if self._asking is not None else 0)
+        """The answers this court's suspects wait for from the server now (`answers_awaited`)."""
+        canary_out = self._asking is not None
+        return answers_awaited(self._waiting, server_down=self.steadiness.down, canary_out=canary_out)
 
     @contextlib.contextmanager
     def _waiting_on_server(self) -> Iterator[None]:
