@@ -11,6 +11,7 @@ defaults otherwise.
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -78,9 +79,15 @@ def stack(group: SentinelGroup, log_dir: Path) -> Iterator[RoleStack]:
             sim.stop()
 
 
-@pytest.mark.parametrize("replica_behind", [False, True], ids=["replica-in-sync", "replica-behind"])
+class PrimaryFault(enum.Enum):
+    KILLED = "killed"  # SIGKILL: every connection to it closes at once
+    KILLED_BEHIND = "killed-replica-behind"  # the same, its replica lacking its last writes
+    FROZEN = "frozen"  # SIGSTOP: every connection stays open and nothing answers, as across a partition
+
+
+@pytest.mark.parametrize("fault", list(PrimaryFault), ids=[fault.value for fault in PrimaryFault])
 def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
-    group: SentinelGroup, stack: RoleStack, tmp_path: Path, replica_behind: bool
+    group: SentinelGroup, stack: RoleStack, tmp_path: Path, fault: PrimaryFault
 ) -> None:
     # Given a run under way through the Sentinels' primary, a quarter of it generated
     stack.start()
@@ -97,8 +104,8 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
     )
     remaining_at_the_kill = ledger.counts().remaining
 
-    # When the primary is SIGKILLed (with its replica some writes behind, in one case) and the Sentinels
-    # promote the replica
+    # When the primary is SIGKILLed (with its replica some writes behind, in one case), or frozen with every
+    # connection to it open, and the Sentinels promote the replica
     old_primary = group.primary_port()
     replica = next(port for port in group.servers if port != old_primary)
     # FUNCTION LIST answers a flat [name, value, ...] list per library
@@ -107,13 +114,17 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
         for entry in group.server(replica).function_list()
     ]
     assert any(name.startswith(b"draftgen_") for name in libraries), libraries  # replicated with the data
-    lost_bytes = group.cut_replicas_off(old_primary) if replica_behind else 0
-    group.kill(old_primary)
+    lost_bytes = group.cut_replicas_off(old_primary) if fault is PrimaryFault.KILLED_BEHIND else 0
+    if fault is PrimaryFault.FROZEN:
+        group.freeze(old_primary)
+    else:
+        group.kill(old_primary)
     killed_at, killed_at_wall = time.monotonic(), time.time()
     new_primary = group.wait_failover_from(old_primary)
     elected_at_wall = time.time()
     assert new_primary != old_primary
-    group.restore_replica_auth()
+    if fault is PrimaryFault.KILLED_BEHIND:
+        group.restore_replica_auth()
 
     # Then the run finishes by itself, with no process restarted, and every prompt is committed once
     stack.wait_finished(RUN, timeout_s=FINISH_TIMEOUT_S)
@@ -148,7 +159,7 @@ def test_a_failover_mid_run_loses_no_prompt_and_commits_none_twice(
         + ", ".join(f"{before:.1f} / {between:.1f} / {back:.1f} s" for before, between, back in busy)
     )
     assert all(back <= GO_ON_WITHIN_S for _, _, back in busy), busy
-    assert (lost_bytes > 0) == replica_behind  # the writes lost are the case's, not by chance
+    assert (lost_bytes > 0) == (fault is PrimaryFault.KILLED_BEHIND)  # the case's, not by chance
 
 
 def time_back_to(records: list[RequestRecord], level: float, since: float) -> float:

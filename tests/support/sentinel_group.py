@@ -10,7 +10,9 @@ the test's own.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +151,14 @@ class SentinelGroup:
 
     def kill(self, port: int) -> None:
         self.servers[port].kill()
+
+    def freeze(self, port: int) -> None:
+        """The server stops answering while every connection to it stays open (SIGSTOP): a host powered off
+        or cut off, as its clients see it: no reset, no FIN, no reply. `thaw` lets it go on."""
+        os.kill(self.servers[port].pid, signal.SIGSTOP)
+
+    def thaw(self, port: int) -> None:
+        os.kill(self.servers[port].pid, signal.SIGCONT)
 
     def cut_replicas_off(self, primary: int) -> int:
         """Cut the primary's replicas off (their links dropped, their password for it wrong, so they cannot

@@ -29,6 +29,10 @@ REDIS_RETRIES = 16
 REDIS_BACKOFF_BASE_S = 0.1
 REDIS_BACKOFF_CAP_S = 4.0  # 16 tries at up to 4 s each: ~30 s of outage on average, ~60 s at most
 REDIS_CONNECT_TIMEOUT_S = 5.0  # a host that drops packets fails a try in this, not in the OS's 2 minutes
+REDIS_SOCKET_TIMEOUT_S = 10.0
+"""A reply this late comes from a primary frozen or cut off, whose connections no reset or FIN closes: the
+command's try fails and its retry connects anew, asking the Sentinels where the primary is. Every call of
+draftgen's is a short one (no blocking command on these clients), so a live server answers in milliseconds."""
 STOPPING_RETRIES = 2
 STOPPING_BACKOFF_CAP_S = 0.5
 SENTINEL_TIMEOUT_S = 2.0  # a Sentinel answers at once; a dead one is passed over for the next
@@ -138,6 +142,7 @@ def retrying_options() -> dict[str, Any]:
         "retry": ShortenableRetry(),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_S,
     }
 
 
