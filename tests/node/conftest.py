@@ -49,13 +49,20 @@ def sglang_flags() -> set[str]:
 
 
 FAKE_SGLANG = """#!{python}
-# Stands in for `sglang serve`: logs its argv and GPU, then runs until SIGTERM/SIGINT.
-import os, signal, sys
+# Stands in for `sglang serve`: logs its argv and GPU, then runs until SIGTERM/SIGINT. A GPU named in
+# FAKE_SGLANG_CRASH_GPUS crashes as it loads, once those in FAKE_SGLANG_CRASH_AFTER run (markers in
+# FAKE_SGLANG_MARKERS), as a server runs out of memory while the others load: they have a stop to take.
+import os, pathlib, signal, sys, time
 
 gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+markers = pathlib.Path(os.environ.get("FAKE_SGLANG_MARKERS", "."))
 print("fake sglang argv:", " ".join(sys.argv[1:]), flush=True)
 print("fake sglang CUDA_VISIBLE_DEVICES=" + gpu, flush=True)
 if gpu in os.environ.get("FAKE_SGLANG_CRASH_GPUS", "").split(","):
+    waited_for = [g for g in os.environ.get("FAKE_SGLANG_CRASH_AFTER", "").split(",") if g]
+    deadline = time.monotonic() + {wait_s}
+    while not all((markers / g).exists() for g in waited_for) and time.monotonic() < deadline:
+        time.sleep(0.05)
     print("loading weights", flush=True)
     print("torch.OutOfMemoryError: CUDA out of memory", flush=True)
     sys.exit(7)
@@ -65,6 +72,8 @@ def stop(signum, frame):
 signal.signal(signal.SIGTERM, stop)
 signal.signal(signal.SIGINT, stop)
 print("fake sglang running", flush=True)
+if os.environ.get("FAKE_SGLANG_MARKERS"):
+    (markers / gpu).touch()
 while True:
     signal.pause()
 """
@@ -74,7 +83,7 @@ while True:
 def fake_sglang(tmp_path: Path) -> Path:
     script = tmp_path / "bin" / "sglang"
     script.parent.mkdir()
-    script.write_text(FAKE_SGLANG.format(python=sys.executable))
+    script.write_text(FAKE_SGLANG.format(python=sys.executable, wait_s=WAIT_DEADLINE_S))
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 

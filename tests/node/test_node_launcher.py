@@ -90,7 +90,12 @@ def test_a_server_that_dies_stops_the_others_and_raises_with_its_log(
     # Given GPU 1 runs out of memory while loading
     logs = tmp_path / "logs"
     commands = build_commands(settings_for(fake_sglang, logs))
-    environment = {**os.environ, "FAKE_SGLANG_CRASH_GPUS": "1"}
+    environment = {  # (once GPU 0 runs: a SIGTERM before its handler would leave no line to show it)
+        **os.environ,
+        "FAKE_SGLANG_CRASH_GPUS": "1",
+        "FAKE_SGLANG_CRASH_AFTER": "0",
+        "FAKE_SGLANG_MARKERS": str(tmp_path),
+    }
 
     # When the fleet runs
     with pytest.raises(ServerExited) as caught:
