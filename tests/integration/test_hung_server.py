@@ -20,9 +20,9 @@ import redis
 from devstack.local_stack import wait_until
 from inference.errors import InferenceRejected
 from inference.server_probe import ServerProbe
-from inference.simulator import SimulatorProcess, SimulatorSettings
+from inference.simulator import SimulatorProcess
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, deployed_server, simulators
 from workers.state.ledger import RunLedger
 from workers.state.queues import GENERATE_QUEUE, KOMBU_UNACKED_KEY
 
@@ -174,7 +174,7 @@ def test_a_simulator_that_has_served_nothing_but_its_warm_up_reads_as_idle_with_
 
 def test_a_server_without_metrics_refuses_the_scrape_with_404() -> None:
     with (
-        SimulatorProcess(SimulatorSettings(enable_metrics=False)) as plain,
+        SimulatorProcess(deployed_server(enable_metrics=False)) as plain,
         pytest.raises(InferenceRejected) as refused,
     ):
         ServerProbe(plain.url).metrics()

@@ -22,9 +22,8 @@ import pytest
 import redis
 
 from core.exit_codes import EXIT_FINISHED_WITH_DEAD_LETTERS
-from inference.simulator import SimulatorSettings
 from tests.support import prompt_files
-from tests.support.stack import README_WORKER_ENV, Stack
+from tests.support.stack import README_WORKER_ENV, Stack, deployed_server
 from tests.support.supervised_simulator import SupervisedSimulator
 from workers.run_end import RunEnd
 from workers.settings import WorkerSettings
@@ -57,7 +56,7 @@ FINISH_TIMEOUT_S = 900.0
 
 @pytest.fixture
 def gpus(tmp_path: Path) -> Iterator[list[SupervisedSimulator]]:
-    settings = SimulatorSettings(speedup=SPEEDUP, enable_metrics=True, prompt_faults=FAULTS)
+    settings = deployed_server(speedup=SPEEDUP, enable_metrics=True, prompt_faults=FAULTS)
     running = [
         SupervisedSimulator(lambda _life: settings, tmp_path / f"gpu{i}.pid").start() for i in range(GPUS)
     ]

@@ -30,7 +30,7 @@ from devstack.local_stack import (
 from devstack.partition import HOST_ADDRESS, NODE_ADDRESS, NodeBehindRouter, partition_supported
 from inference.simulator import SimulatorProcess, SimulatorSettings
 from tests.support import prompt_files
-from tests.support.stack import Stack
+from tests.support.stack import Stack, deployed_server
 from workers.recovery.leases import DEFAULT_LEASE_TTL_S, decode_holder
 from workers.recovery.reconciler import DEFAULT_RECONCILE_INTERVAL_S
 from workers.state.keys import RunKeys
@@ -131,7 +131,7 @@ def test_a_gpu_node_cut_off_for_two_minutes_loses_nothing_and_rejoins_without_a_
     node: NodeBehindRouter, server: RedisProcess, tmp_path: Path, log_dir: Path
 ) -> None:
     # Given GPU nodes A (behind the router) and B each running a batch of the same run, README defaults
-    settings = SimulatorSettings(enable_metrics=True, speedup=SPEEDUP)
+    settings = deployed_server(enable_metrics=True, speedup=SPEEDUP)
     sim_a, sim_b = SimulatorInNode(node, settings).start(), SimulatorProcess(settings).start()
     stack = Stack(server.url, log_dir, [sim_b], fast=False, extra_env={"DRAFTGEN_HOSTNAME": NODE_B})
     try:

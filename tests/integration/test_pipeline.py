@@ -22,9 +22,9 @@ import redis
 
 from core.records import Quality
 from devstack.local_stack import free_port
-from inference.simulator import SimulatorProcess, SimulatorSettings, count_prompt_tokens, predict_outcome
+from inference.simulator import SimulatorProcess, count_prompt_tokens, predict_outcome
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, deployed_server, simulators
 from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
 from workers.state.keys import RunKeys
@@ -181,7 +181,7 @@ def test_the_configured_sampling_fields_arrive_at_the_server(stack: Stack, tmp_p
 def test_quality_labels_match_each_truncation_case(stack: Stack, tmp_path: Path) -> None:
     # Given prompts whose outcome under a 3000-token budget the simulator's model predicts
     budget = 3000
-    sim_settings = SimulatorSettings(context_length=CONTEXT_LENGTH)
+    sim_settings = deployed_server(context_length=CONTEXT_LENGTH)
     rows = prompt_files.questions(120, "quality")
     expected: dict[str, Quality] = {}
     for row in rows:

@@ -26,7 +26,7 @@ from inference.simulator import SimulatorProcess, SimulatorSettings, predict_out
 from inference.simulator.faults import PROMPT_CRASH_LOG_MESSAGE
 from tests.simulator.test_simulator_scheduler import sample_value
 from tests.support import prompt_files
-from tests.support.stack import README_WORKER_ENV, Stack
+from tests.support.stack import README_WORKER_ENV, Stack, deployed_server
 from tests.support.supervised_simulator import SupervisedSimulator
 from workers.state.keys import RunKeys
 from workers.state.ledger import RunLedger
@@ -68,7 +68,7 @@ def trials(evidence: list[Evidence]) -> list[TrialEnded]:
 
 @pytest.fixture
 def wedging_gpu(tmp_path: Path) -> Iterator[SupervisedSimulator]:
-    settings = SimulatorSettings(
+    settings = deployed_server(
         speedup=WEDGE_SPEEDUP, enable_metrics=True, prompt_faults=json.dumps({WEDGES: "wedge"})
     )
     server = SupervisedSimulator(lambda _life: settings, tmp_path / "gpu0.pid").start()
@@ -178,7 +178,7 @@ def test_an_ordinary_prompt_on_a_flaky_server_is_committed_once_however_its_outa
     once: the rule's residual, bounded by the three convictions a dead letter needs.) Everything else is
     committed once too."""
     gpus: list[SupervisedSimulator] = []
-    flaky = SimulatorSettings(speedup=FLAKY_SPEEDUP, enable_metrics=True, crash_every_s=CRASH_EVERY_S)
+    flaky = deployed_server(speedup=FLAKY_SPEEDUP, enable_metrics=True, crash_every_s=CRASH_EVERY_S)
     outage = json.dumps({UNLUCKY: {"fault": "crash", "times": 1, "after_s": OUTAGE_INTO_IT_S}})
 
     def outages_on_it() -> int:
@@ -282,7 +282,7 @@ class Company:
 @pytest.fixture
 def retracting_gpu() -> Iterator[SimulatorProcess]:
     faults = json.dumps({RETRACTED: {"fault": "retract", "pause_s": RETRACT_PAUSE_S}})
-    settings = SimulatorSettings(speedup=RETRACT_SPEEDUP, enable_metrics=True, prompt_faults=faults)
+    settings = deployed_server(speedup=RETRACT_SPEEDUP, enable_metrics=True, prompt_faults=faults)
     with SimulatorProcess(settings) as sim:
         yield sim
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.records import SamplingSettings
-from inference.simulator import SimulatorSettings, predict_outcome
+from inference.simulator import predict_outcome
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, deployed_server, simulators
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def test_a_worker_takes_its_next_batch_while_the_last_request_of_the_previous_on
     redis_url: str, log_dir: Path, tmp_path: Path
 ) -> None:
     # Given prompts whose output lengths the server will give are known: one long, the rest short
-    settings = SimulatorSettings(speedup=SPEEDUP, enable_metrics=True, request_log_size=1_000)
+    settings = deployed_server(speedup=SPEEDUP, enable_metrics=True, request_log_size=1_000)
     budget = SamplingSettings().max_tokens
     rows = [prompt_files.as_prompt(row) for row in prompt_files.questions(CANDIDATES, "tail")]
     length = {

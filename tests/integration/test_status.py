@@ -34,7 +34,7 @@ from producer.settings import REDIS_URL_ENV
 from producer.status.gather import gather_status
 from producer.status.model import RunStatus
 from tests.support import prompt_files
-from tests.support.stack import Stack, simulators
+from tests.support.stack import Stack, deployed_server, simulators
 from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
 from workers.settings import DEFAULT_MAX_IN_FLIGHT
@@ -471,7 +471,7 @@ def test_the_retry_policy_gives_prompts_truncated_in_thinking_a_doubled_budget(
 ) -> None:
     run = "status-retry"
     rows = prompt_files.questions(RETRY_PROMPTS, run)
-    sim_settings = SimulatorSettings()
+    sim_settings = deployed_server()
 
     def budgets(question: object) -> list[int]:
         """The budgets the policy should ask with: double while thinking is cut off, up to the cap."""

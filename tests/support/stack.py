@@ -18,6 +18,7 @@ from core.backoff import DEFAULT_BACKOFF_BASE_S, DEFAULT_BACKOFF_CAP_S
 from devstack.local_stack import PROJECT_ROOT, ManagedProcess, start_celery_worker, wait_until, worker_env
 from inference.client_settings import DEFAULT_REQUEST_TIMEOUT_S
 from inference.simulator import SimulatorProcess, SimulatorSettings
+from node.settings import DEFAULT_STREAM_INTERVAL_TOKENS as SERVE_STREAM_INTERVAL
 from workers.broker.parked_messages import parked_counts, recent_parked
 from workers.record.manifest import completion_keys, read_manifest
 from workers.record.storage import open_store
@@ -139,10 +140,17 @@ class Stack:
         return rows
 
 
-def simulators(count: int, **settings: object) -> list[SimulatorProcess]:
-    """Simulated GPUs with metrics on, as `python -m node serve` starts SGLang (liveness reads them)."""
-    options = {"enable_metrics": True, **settings}
-    return [SimulatorProcess(SimulatorSettings(**options)).start() for _ in range(count)]  # type: ignore[arg-type]
+def deployed_server(**settings: Any) -> SimulatorSettings:
+    """A simulated SGLang as `python -m node serve` starts one (the README's deployment, and the demo's): its
+    metrics on (the liveness watch reads them), its output chunked by serve's --stream-interval, not
+    SGLang's bare default of a chunk a token (which costs the server and the worker ~30 times the chunks);
+    `settings` over these."""
+    return SimulatorSettings(**{"enable_metrics": True, "stream_interval": SERVE_STREAM_INTERVAL, **settings})
+
+
+def simulators(count: int, **settings: Any) -> list[SimulatorProcess]:
+    """Simulated GPUs as deployed (`deployed_server`), started."""
+    return [SimulatorProcess(deployed_server(**settings)).start() for _ in range(count)]
 
 
 @contextmanager
